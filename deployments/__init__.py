@@ -1,0 +1,1 @@
+"""The Ray Serve graph: ingress (HTTP, validation) -> response shaper -> model replica (engine)."""

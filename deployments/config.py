@@ -1,0 +1,51 @@
+"""The graph's arguments (the ``args`` of a configs/*.yaml application), validated by pydantic so a
+typo in a config fails at start with a clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
+
+
+class GraphArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(DEFAULT_MODEL, description="local model folder (or a Hugging Face id)")
+    alias: str | None = Field(None, description="model name in responses (llama-server --alias)")
+    n_parallel: int = Field(4, ge=1, le=256, description="slots (llama-server -np)")
+    n_ctx: int = Field(2048, ge=8, description="context tokens per slot")
+    n_batch: int = Field(512, ge=1, description="prefill chunk in tokens (llama-server -b)")
+    n_predict: int = Field(-1, ge=-1, description="default token limit (llama-server -n)")
+    temperature: float = Field(0.8, ge=0.0, description="default temperature (--temp)")
+    seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
+    cache_prompt: bool = Field(True, description="default of cache_prompt")
+    cache_entries: int = Field(0, ge=0, description="prefix-cache entries; 0: two per slot")
+    max_queue: int = Field(256, ge=0, description="queued requests before 503")
+    metrics: bool = Field(False, description="serve /metrics (--metrics)")
+    slots: bool = Field(True, description="serve /slots (--slots)")
+    props: bool = Field(False, description="allow POST /props (--props)")
+    api_key: str | None = Field(None, description="required key (--api-key)")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
+
+    @model_validator(mode="after")
+    def _check(self) -> GraphArgs:
+        local = Path(self.model)
+        if self.model_path == self.model and (local.is_absolute() or self.model.startswith(".")):
+            raise ValueError(f"model folder not found: {self.model}")
+        return self
+
+    @property
+    def model_path(self) -> str:
+        """A local folder, relative to the working directory or to the repository, else the id."""
+        for candidate in (Path(self.model), REPO_ROOT / self.model):
+            if candidate.is_dir():
+                return str(candidate.resolve())
+        return self.model
+
+    @property
+    def model_name(self) -> str:
+        return self.alias or self.model

@@ -1,0 +1,23 @@
+"""The graph builder: ingress -> response shaper -> model replica, from a config's ``args``.
+
+``serve run configs/local.yaml`` calls ``build_app(args)``; Python callers do the same:
+``serve.run(build_app({"model": "models/tiny-python"}))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from .config import GraphArgs
+from .ingress import Ingress
+from .replica import ModelReplica
+from .shaper import ResponseShaper
+
+
+def build_app(args: dict[str, Any] | GraphArgs | None = None) -> Application:
+    config = args if isinstance(args, GraphArgs) else GraphArgs.model_validate(args or {})
+    replica = ModelReplica.bind(config)
+    shaper = ResponseShaper.bind(replica, config)
+    return Ingress.bind(shaper, replica, config)

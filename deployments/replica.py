@@ -1,0 +1,146 @@
+"""The model replica: owns one engine (model, tokenizer, scheduler thread) and serves its events.
+
+The model loads in the background so the ingress can answer 503 "Loading model" meanwhile, as the
+reference does; ``check_health`` fails once the engine loop has died, so Ray Serve restarts us.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+from ray import serve
+
+from engine import aio
+from engine.model import LoadedModel, load_model
+from engine.scheduler import Engine, EngineConfig
+from engine.types import EngineError, EngineEvent, GenerationRequest, SamplingParams
+
+from .config import GraphArgs
+from .schema import CompletionParams
+
+log = logging.getLogger("mlxray.replica")
+
+
+def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[GenerationRequest]:
+    """One engine request per prompt and completion, indexed prompt-major (index = p*n + j);
+    children of n_cmpl get seed + j unless the seed is random."""
+    out = []
+    n = params.n_cmpl
+    for p, tokens in enumerate(prompts):
+        for j in range(n):
+            seed = params.seed if params.seed == 0xFFFFFFFF else (params.seed + j) & 0xFFFFFFFF
+            out.append(GenerationRequest(
+                prompt_tokens=tokens,
+                sampling=_sampling(params, seed),
+                n_predict=params.n_predict,
+                stop=list(params.stop),
+                ignore_eos=params.ignore_eos,
+                cache_prompt=params.cache_prompt,
+                n_indent=params.n_indent,
+                t_max_predict_ms=params.t_max_predict_ms,
+                stream=params.stream,
+                return_progress=params.return_progress,
+                timings_per_token=params.timings_per_token,
+                id_slot=params.id_slot if j == 0 else -1,
+                index=p * n + j,
+            ))
+    return out
+
+
+def _sampling(p: CompletionParams, seed: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=p.temperature, dynatemp_range=p.dynatemp_range,
+        dynatemp_exponent=p.dynatemp_exponent, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+        top_n_sigma=p.top_n_sigma, typical_p=p.typical_p, xtc_probability=p.xtc_probability,
+        xtc_threshold=p.xtc_threshold, repeat_last_n=p.repeat_last_n,
+        repeat_penalty=p.repeat_penalty, presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty, dry_multiplier=p.dry_multiplier,
+        dry_base=p.dry_base, dry_allowed_length=p.dry_allowed_length,
+        dry_penalty_last_n=p.dry_penalty_last_n,
+        dry_sequence_breakers=list(p.dry_sequence_breakers), mirostat=p.mirostat,
+        mirostat_tau=p.mirostat_tau, mirostat_eta=p.mirostat_eta,
+        adaptive_target=p.adaptive_target, adaptive_decay=p.adaptive_decay,
+        min_keep=p.min_keep, seed=seed, logit_bias=list(p.logit_bias),
+        samplers=list(p.samplers), n_probs=p.n_probs,
+        post_sampling_probs=p.post_sampling_probs,
+    )
+
+
+@serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)
+class ModelReplica:
+    def __init__(self, args: GraphArgs):
+        self.args = args
+        self.loaded: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.load_error: BaseException | None = None
+        self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            loaded = load_model(self.args.model_path)
+            engine = Engine(loaded, EngineConfig(
+                n_parallel=self.args.n_parallel, n_ctx=self.args.n_ctx,
+                n_batch=self.args.n_batch, cache_entries=self.args.cache_entries,
+                max_queue=self.args.max_queue,
+            ))
+            engine.start()
+            self.loaded, self.engine = loaded, engine
+        except BaseException as exc:  # surfaced through check_health
+            log.exception("model load failed")
+            self.load_error = exc
+
+    def check_health(self) -> None:
+        if self.load_error is not None:
+            raise RuntimeError(f"model load failed: {self.load_error}")
+        if self.engine is not None and not self.engine.alive:
+            raise RuntimeError(f"engine loop died: {self.engine.error}")
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise EngineError("Loading model", 503, "unavailable_error")
+        return self.engine
+
+    async def ready(self) -> bool:
+        return self.engine is not None
+
+    async def generate(self, params: CompletionParams,
+                       prompts: list[list[int]]) -> AsyncIterator[list[EngineEvent]]:
+        """Stream the events of one client request (its prompts times n_cmpl) in batches.
+
+        A refused request yields one batch holding a single ErrorEvent, so the caller can answer
+        with a plain JSON error before any frame is sent.
+        """
+        try:
+            engine = self._engine()
+            requests = to_requests(params, prompts)
+            stream = aio.generate(engine, requests)
+            first = await anext(stream)
+        except EngineError as exc:
+            yield [exc.to_event()]
+            return
+        yield first
+        async for batch in stream:
+            yield batch
+
+    async def model_info(self) -> dict:
+        engine = self._engine()
+        loaded = engine.loaded
+        vocab = engine.vocab
+        return {
+            "path": loaded.path,
+            "n_vocab": vocab.n_vocab,
+            "n_ctx_train": loaded.n_ctx_train,
+            "n_embd": loaded.n_embd,
+            "n_params": loaded.n_params,
+            "size": loaded.size_bytes,
+            "chat_template": loaded.chat_template,
+            "bos_token": vocab.detokenize([vocab.bos_id]) if vocab.bos_id is not None else "",
+            "eos_token": vocab.detokenize(sorted(vocab.eog_ids)[:1]) if vocab.eog_ids else "",
+            "eog_ids": sorted(vocab.eog_ids),
+        }
+
+    async def slot_states(self) -> list[dict]:
+        return self._engine().slot_states()

@@ -1,0 +1,552 @@
+"""The native completion request schema: llama-server b10621's declarative field list.
+
+One table (``FIELDS``) names every field the reference parses, in its declaration order, with its
+type, aliases, default, soft limits (clamped) or hard limits (400), and what mlxray does with it.
+Values convert as nlohmann::json's ``get<T>`` does (an int field truncates a float, accepts a
+boolean, wraps an overflowing integer; a wrong type is a ``type_error.302``). ``null`` is absent,
+unknown keys are ignored, and every error reads ``Field '<name as sent>': <detail>`` (spec §2.2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from engine.types import DEFAULT_SAMPLERS, RANDOM_SEED
+
+from .errors import invalid
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+UINT32_MAX = 2**32 - 1
+FLT_MAX = float(np.finfo(np.float32).max)
+
+SAMPLER_NAMES = {
+    "dry": "dry", "top_k": "top_k", "top_p": "top_p", "top_n_sigma": "top_n_sigma",
+    "typ_p": "typ_p", "min_p": "min_p", "temperature": "temperature", "xtc": "xtc",
+    "infill": "infill", "penalties": "penalties", "adaptive_p": "adaptive_p",
+    # aliases (common/sampling.cpp)
+    "top-k": "top_k", "top-p": "top_p", "top-n-sigma": "top_n_sigma", "nucleus": "top_p",
+    "typical-p": "typ_p", "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p",
+    "min-p": "min_p", "temp": "temperature", "adaptive-p": "adaptive_p",
+    "topk": "top_k", "topp": "top_p", "topnsigma": "top_n_sigma", "typicalp": "typ_p",
+    "typp": "typ_p", "minp": "min_p", "adaptivep": "adaptive_p",
+}
+SAMPLER_CHARS = {
+    "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+    "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p",
+}
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def type_error(expected: str, value: Any) -> ValueError:
+    return ValueError(
+        f"[json.exception.type_error.302] type must be {expected}, but is {json_type(value)}"
+    )
+
+
+def f32(value: float) -> float:
+    """A float32 widened to double, as the reference echoes floats (0.8 -> 0.800000011920929)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def _wrap(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
+def to_int(value: Any, bits: int = 32, unsigned: bool = False) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return 0 if unsigned else -(1 << (bits - 1))
+        value = int(value)
+    if not isinstance(value, int):
+        raise type_error("number", value)
+    if unsigned:
+        return value & ((1 << bits) - 1)
+    return _wrap(value, bits)
+
+
+def to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)):
+        raise type_error("number", value)
+    return f32(float(value))
+
+
+def to_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise type_error("boolean", value)
+    return value
+
+
+def to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise type_error("string", value)
+    return value
+
+
+def _fmt(value: float | int, is_float: bool) -> str:
+    return f"{value:.6f}" if is_float else str(value)
+
+
+# ---- the field table -------------------------------------------------------------------
+# Policies (what mlxray does with a field):
+#   honored    the effect is implemented
+#   inert      the reference parses it and it changes nothing on this route; we do the same
+#   refused    parsed and type-checked, then refused with a 400 naming it unless at its default
+POLICIES = ("honored", "inert", "refused")
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # int32, int64, uint32, float, bool, str, custom
+    attr: str = ""  # CompletionParams attribute; defaults to the name
+    aliases: tuple[str, ...] = ()
+    soft: tuple[float, float] | None = None
+    hard: tuple[float, float] | None = None
+    parent: str = ""  # nested under this object key
+    policy: str = "honored"
+    parse: Callable[[Any, Any], Any] | None = None  # custom: (value, context) -> value
+    issue: int | None = None  # for refused fields: the issue that will honor them
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def target(self) -> str:
+        return self.attr or self.name
+
+
+@dataclass
+class CompletionParams:
+    """Effective values of one native request after defaults, clamps and validation."""
+
+    verbose: bool = False
+    timings_per_token: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    cache_prompt: bool = True
+    return_tokens: bool = False
+    return_progress: bool = False
+    sse_ping_interval: int = 30
+    n_predict: int = -1
+    n_indent: int = 0
+    n_keep: int = 0
+    n_discard: int = 0
+    n_cmpl: int = 1
+    n_cache_reuse: int = 0
+    t_max_predict_ms: int = -1
+    response_fields: list[str] = field(default_factory=list)
+    top_k: int = 40
+    top_p: float = f32(0.95)
+    min_p: float = f32(0.05)
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = f32(0.1)
+    typical_p: float = 1.0
+    temperature: float = f32(0.8)
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", '"', "*"])
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = f32(0.1)
+    adaptive_target: float = -1.0
+    adaptive_decay: float = f32(0.9)
+    seed: int = RANDOM_SEED
+    n_probs: int = 0
+    min_keep: int = 0
+    backend_sampling: bool = False
+    post_sampling_probs: bool = False
+    lora: list[dict] = field(default_factory=list)
+    grammar: str = ""
+    json_schema: Any = None
+    grammar_lazy: bool = False
+    grammar_triggers: list[dict] = field(default_factory=list)
+    preserved_tokens: list[int] = field(default_factory=list)
+    chat_format: int = 0
+    chat_parser: Any = None
+    continue_final_message: bool = False
+    generation_prompt: str = ""
+    parse_tool_calls: bool = False
+    reasoning_format: str = "deepseek"
+    reasoning_budget_tokens: int = -1
+    reasoning_budget_start_tag: str = ""
+    reasoning_budget_end_tags: list[str] = field(default_factory=list)
+    reasoning_budget_message: str = ""
+    reasoning_control: Any = None
+    echo: bool = False
+    logit_bias: list[tuple[int, float | None]] = field(default_factory=list)
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
+    # read outside the schema
+    id_slot: int = -1
+    # what the client sent, for the refusal check
+    sent: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ParseContext:
+    """What field parsers need from the server: slot count, tokenizer for string logit biases."""
+
+    n_parallel: int = 4
+    tokenize: Callable[[str], list[int]] | None = None
+    n_vocab: int = 0
+    eog_ids: tuple[int, ...] = ()
+
+
+def _parse_response_fields(value: Any, ctx: ParseContext) -> list[str]:
+    if not isinstance(value, list):
+        return []  # lenient: json_value falls back to the default
+    return [v for v in value if isinstance(v, str)]
+
+
+def _parse_breakers(value: Any, ctx: ParseContext) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError("Error: dry_sequence_breakers must be a non-empty array of strings")
+    return list(value)
+
+
+def _parse_lora(value: Any, ctx: ParseContext) -> list[dict]:
+    if not isinstance(value, list):
+        raise ValueError("Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
+    out = []
+    for entry in value:
+        if isinstance(entry, dict) and "id" in entry and "scale" in entry:
+            out.append({"id": to_int(entry["id"]), "scale": to_float(entry["scale"])})
+    return out
+
+
+def _parse_stop(value: Any, ctx: ParseContext) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [to_str(v) for v in value]
+    return []
+
+
+def _parse_samplers(value: Any, ctx: ParseContext) -> list[str]:
+    if isinstance(value, str):
+        return [SAMPLER_CHARS[c] for c in value if c in SAMPLER_CHARS]
+    if isinstance(value, list):
+        names = [SAMPLER_NAMES.get(v) for v in value if isinstance(v, str)]
+        return [n for n in names if n]
+    return list(DEFAULT_SAMPLERS)
+
+
+def _parse_logit_bias(value: Any, ctx: ParseContext) -> list[tuple[int, float | None]]:
+    """Three forms: [[tok, bias], ...], [[str, bias], ...] and {"tok or str": bias}; a bias of
+    false bans the token; malformed entries are skipped."""
+    pairs: list[tuple[Any, Any]] = []
+    if isinstance(value, list):
+        pairs = [(e[0], e[1]) for e in value if isinstance(e, list) and len(e) == 2]
+    elif isinstance(value, dict):
+        pairs = list(value.items())
+    out: list[tuple[int, float | None]] = []
+    for key, bias in pairs:
+        if bias is False:
+            b: float | None = None
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
+            b = f32(float(bias))
+        else:
+            continue
+        ids: list[int] = []
+        if isinstance(key, int) and not isinstance(key, bool):
+            ids = [key] if 0 <= key < ctx.n_vocab else []
+        elif isinstance(key, str):
+            as_int = _strtol(key)
+            if as_int is not None:
+                ids = [as_int] if 0 <= as_int < ctx.n_vocab else []
+            elif ctx.tokenize is not None:
+                ids = ctx.tokenize(key)
+        out += [(t, b) for t in ids]
+    return out
+
+
+def _strtol(text: str) -> int | None:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        return None
+
+
+def _parse_reasoning_format(value: Any, ctx: ParseContext) -> str:
+    name = to_str(value)
+    if name not in REASONING_FORMATS:
+        raise ValueError(f"Unknown reasoning format: {name}")
+    return name
+
+
+def _parse_str_list(value: Any, ctx: ParseContext) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise type_error("array", value)
+    return [to_str(v) for v in value]
+
+
+def _parse_any(value: Any, ctx: ParseContext) -> Any:
+    return value
+
+
+def _parse_grammar_triggers(value: Any, ctx: ParseContext) -> list[dict]:
+    if not isinstance(value, list):
+        raise type_error("array", value)
+    return [v for v in value if isinstance(v, dict)]
+
+
+def _parse_preserved(value: Any, ctx: ParseContext) -> list[int]:
+    if not isinstance(value, list):
+        raise type_error("array", value)
+    return [v for v in value if isinstance(v, int)]
+
+
+def _parse_grammar(value: Any, ctx: ParseContext) -> str:
+    return value if isinstance(value, str) else ""
+
+
+GRAMMAR_ISSUE = 9
+
+FIELDS: tuple[Field, ...] = (
+    Field("verbose", "bool", policy="inert"),
+    Field("timings_per_token", "bool"),
+    Field("stream", "bool"),
+    Field("include_usage", "bool", parent="stream_options", policy="inert"),
+    Field("cache_prompt", "bool"),
+    Field("return_tokens", "bool"),
+    Field("return_progress", "bool"),
+    Field("sse_ping_interval", "int32", hard=(-1, INT32_MAX)),
+    Field("n_predict", "int32", aliases=("max_completion_tokens", "max_tokens"),
+          hard=(-1, INT32_MAX)),
+    Field("n_indent", "int32", hard=(0, INT32_MAX)),
+    Field("n_keep", "int32", hard=(-1, INT32_MAX), policy="inert"),
+    Field("n_discard", "int32", hard=(0, INT32_MAX), policy="inert"),
+    Field("n_cmpl", "int32", aliases=("n",)),  # hard limit [1, n_parallel] set at parse time
+    Field("n_cache_reuse", "int32", hard=(0, INT32_MAX), policy="refused", issue=3),
+    Field("t_max_predict_ms", "int64", hard=(-1, INT64_MAX)),
+    Field("response_fields", "custom", parse=_parse_response_fields),
+    Field("top_k", "int32", soft=(0, INT32_MAX)),
+    Field("top_p", "float", soft=(0.0, 1.0)),
+    Field("min_p", "float", soft=(0.0, 1.0)),
+    Field("top_n_sigma", "float"),
+    Field("xtc_probability", "float", soft=(0.0, 1.0)),
+    Field("xtc_threshold", "float", soft=(0.0, 1.0)),
+    Field("typical_p", "float"),
+    Field("temperature", "float", soft=(0.0, math.inf)),
+    Field("dynatemp_range", "float"),
+    Field("dynatemp_exponent", "float"),
+    Field("repeat_last_n", "int32", hard=(0, INT32_MAX)),
+    Field("repeat_penalty", "float"),
+    Field("frequency_penalty", "float"),
+    Field("presence_penalty", "float"),
+    Field("dry_multiplier", "float", policy="refused", issue=3),
+    Field("dry_base", "float", policy="refused", issue=3),
+    Field("dry_allowed_length", "int32", hard=(0, INT32_MAX), policy="refused", issue=3),
+    Field("dry_penalty_last_n", "int32", hard=(0, INT32_MAX), policy="refused", issue=3),
+    Field("mirostat", "int32", soft=(0, 2), policy="refused", issue=3),
+    Field("mirostat_tau", "float", policy="refused", issue=3),
+    Field("mirostat_eta", "float", policy="refused", issue=3),
+    Field("adaptive_target", "float", soft=(-FLT_MAX, 1.0), policy="refused", issue=3),
+    Field("adaptive_decay", "float", hard=(0.0, 0.99), policy="refused", issue=3),
+    Field("seed", "uint32", soft=(0, UINT32_MAX)),
+    Field("n_probs", "int32", aliases=("logprobs",)),
+    Field("min_keep", "int32", hard=(0, INT32_MAX)),
+    Field("backend_sampling", "bool", policy="inert"),
+    Field("post_sampling_probs", "bool", policy="refused", issue=3),
+    Field("lora", "custom", parse=_parse_lora, policy="inert"),
+    Field("dry_sequence_breakers", "custom", parse=_parse_breakers, policy="refused", issue=3),
+    Field("json_schema", "custom", aliases=("grammar",), parse=_parse_any, policy="refused",
+          issue=GRAMMAR_ISSUE),
+    Field("grammar_lazy", "bool", policy="refused", issue=GRAMMAR_ISSUE),
+    Field("chat_format", "int32", policy="inert"),
+    Field("reasoning_format", "custom", parse=_parse_reasoning_format, policy="inert"),
+    Field("generation_prompt", "str", policy="inert"),
+    Field("parse_tool_calls", "bool", policy="inert"),
+    Field("chat_parser", "custom", parse=_parse_any, policy="inert"),
+    Field("continue_final_message", "bool", policy="inert"),
+    Field("grammar_triggers", "custom", parse=_parse_grammar_triggers, policy="refused",
+          issue=GRAMMAR_ISSUE),
+    Field("preserved_tokens", "custom", parse=_parse_preserved, policy="refused",
+          issue=GRAMMAR_ISSUE),
+    Field("echo", "bool", policy="inert"),
+    Field("reasoning_control", "custom", parse=_parse_any, policy="inert"),
+    Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX), policy="inert"),
+    Field("reasoning_budget_start_tag", "str", policy="inert"),
+    Field("reasoning_budget_end_tags", "custom", aliases=("reasoning_budget_end_tag",),
+          parse=_parse_str_list, policy="inert"),
+    Field("reasoning_budget_message", "str", policy="inert"),
+    Field("logit_bias", "custom", parse=_parse_logit_bias),
+    Field("ignore_eos", "bool"),
+    Field("stop", "custom", parse=_parse_stop),
+    Field("samplers", "custom", parse=_parse_samplers),
+)
+
+# The speculative.* keys are in the reference's inventory but disabled in its schema (#if 0):
+# sent or not, nothing reads them, so they stay out of the table and are ignored as unknown keys.
+SPECULATIVE_KEYS = ("speculative.n_max", "speculative.n_min", "speculative.p_min",
+                    "speculative.type", "speculative.ngram_size_n", "speculative.ngram_size_m",
+                    "speculative.ngram_min_hits")
+
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(CompletionParams)
+                   if not callable(f.default_factory)}
+
+
+def _convert(spec: Field, value: Any, ctx: ParseContext) -> Any:
+    kind = spec.kind
+    if kind == "custom":
+        return spec.parse(value, ctx)
+    if kind == "bool":
+        return to_bool(value)
+    if kind == "str":
+        return to_str(value)
+    if kind == "float":
+        result: float | int = to_float(value)
+    elif kind == "int64":
+        result = to_int(value, 64)
+    elif kind == "uint32":
+        result = to_int(value, 32, unsigned=True)
+    else:
+        result = to_int(value, 32)
+    hard = spec.hard
+    if spec.name == "n_cmpl":
+        hard = (1, ctx.n_parallel)
+    if hard is not None and not hard[0] <= result <= hard[1]:
+        is_float = kind == "float"
+        raise ValueError(
+            f"Value must be between {_fmt(hard[0], is_float)} <= value <= "
+            f"{_fmt(hard[1], is_float)}, but got {_fmt(result, is_float)}"
+        )
+    if spec.soft is not None:
+        lo, hi = spec.soft
+        result = min(max(result, lo), hi)
+        if kind == "float":
+            result = f32(result)
+    return result
+
+
+def parse_completion(body: dict, ctx: ParseContext, defaults: CompletionParams) -> CompletionParams:
+    """Evaluate ``body`` against FIELDS in declaration order, starting from the server defaults."""
+    params = CompletionParams(**{f.name: _copy(getattr(defaults, f.name))
+                                 for f in fields(CompletionParams)})
+    params.sent = set()
+    for spec in FIELDS:
+        source = body
+        if spec.parent:
+            source = body.get(spec.parent)
+            if not isinstance(source, dict):
+                continue
+        key = next((k for k in spec.keys if source.get(k) is not None), None)
+        if key is None:
+            continue
+        try:
+            value = _convert(spec, source[key], ctx)
+        except ValueError as exc:
+            raise invalid(f"Field '{key}': {exc}") from None
+        setattr(params, spec.target, value)
+        params.sent.add(spec.name)
+    _post_process(params, body, ctx, defaults)
+    return params
+
+
+def _post_process(params: CompletionParams, body: dict, ctx: ParseContext,
+                  defaults: CompletionParams) -> None:
+    # dry_base below 1 falls back to the server default
+    if params.dry_base < 1.0:
+        params.dry_base = defaults.dry_base
+    # json_schema is an alias of grammar: a string under either key is GBNF, an object a schema
+    schema = params.json_schema
+    params.json_schema = None
+    if isinstance(body.get("grammar"), str):
+        params.grammar = body["grammar"]
+    elif schema is not None and body.get("grammar") is None:
+        params.json_schema = schema
+    if params.grammar_lazy and not params.grammar_triggers and "grammar_lazy" in params.sent:
+        raise invalid("Field 'grammar_triggers': Error: no triggers set for lazy grammar!")
+    if params.ignore_eos:
+        params.logit_bias = params.logit_bias + [(t, None) for t in ctx.eog_ids]
+    if not params.stop:
+        params.stop = list(defaults.stop)
+    id_slot = body.get("id_slot", -1)
+    params.id_slot = id_slot if isinstance(id_slot, int) and not isinstance(id_slot, bool) else -1
+    _refuse_unsupported(params, defaults)
+
+
+def is_default(spec: Field, params: CompletionParams, defaults: CompletionParams) -> bool:
+    value = getattr(params, spec.target)
+    return value == getattr(defaults, spec.target) or value in (None, "", [], False)
+
+
+def _refuse_unsupported(params: CompletionParams, defaults: CompletionParams) -> None:
+    """A field mlxray does not honor yet is refused, naming it, unless it asks for the default."""
+    for spec in FIELDS:
+        if spec.policy != "refused" or spec.name not in params.sent:
+            continue
+        if spec.name in ("json_schema",):
+            active = bool(params.grammar) or params.json_schema is not None
+        else:
+            active = not is_default(spec, params, defaults)
+        if active:
+            raise invalid(f"Field '{spec.name}': not supported by mlxray yet (issue #{spec.issue})")
+    if params.post_sampling_probs and params.n_probs > 0:
+        raise invalid("Field 'post_sampling_probs': not supported by mlxray yet (issue #3)")
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, (list, set, dict)):
+        return type(value)(value)
+    return value
+
+
+# ---- prompts (spec §2.1) -----------------------------------------------------------------
+def split_prompts(body: dict) -> list:
+    """The sub-prompts of a request: an array without integers is several prompts."""
+    if "prompt" not in body:
+        raise invalid("[json.exception.out_of_range.403] key 'prompt' not found")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and not any(
+        isinstance(p, int) and not isinstance(p, bool) for p in prompt
+    ):
+        prompts = list(prompt)
+    else:
+        prompts = [prompt]
+    if not prompts:
+        raise invalid('"prompt" must not be empty')
+    return prompts
+
+
+def field_names() -> list[str]:
+    return [f.name for f in FIELDS]

@@ -1,0 +1,70 @@
+"""The response shaper: turns the replica's engine events into llama-server's native objects and
+SSE frames. It knows nothing of MLX; the replica knows nothing of JSON."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from engine.types import ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
+
+from .config import GraphArgs
+from .errors import ApiError
+from .schema import CompletionParams
+from .shapes import dumps, final_result, progress_frame, sse, token_frame
+
+
+def _error(ev: ErrorEvent) -> ApiError:
+    return ApiError(ev.message, ev.type, ev.code, dict(ev.extra))
+
+
+@serve.deployment(name="ResponseShaper", max_ongoing_requests=1000)
+class ResponseShaper:
+    def __init__(self, replica: DeploymentHandle, args: GraphArgs):
+        self.replica = replica.options(stream=True)
+        self.model_name = args.model_name
+
+    def _events(self, params: CompletionParams, prompts: list[list[int]]):
+        return self.replica.generate.remote(params, prompts)
+
+    async def complete(self, params: CompletionParams,
+                       prompts: list[list[int]]) -> tuple[int, bytes]:
+        """A non-streaming answer: (status, JSON body); one object, or an array ordered by index."""
+        results: dict[int, dict] = {}
+        async for batch in self._events(params, prompts):
+            for ev in batch:
+                if isinstance(ev, ErrorEvent):
+                    err = _error(ev)
+                    return err.code, dumps(err.body())
+                if isinstance(ev, FinalEvent):
+                    results[ev.index] = final_result(ev, params, self.model_name, stream=False)
+        ordered = [results[i] for i in sorted(results)]
+        return 200, dumps(ordered[0] if len(ordered) == 1 else ordered)
+
+    async def stream(self, params: CompletionParams,
+                     prompts: list[list[int]]) -> AsyncIterator[bytes | tuple[int, bytes]]:
+        """SSE bytes, one chunk per batch of events. If the request fails before its first frame,
+        the only item is (status, JSON error body): the reference then answers plain JSON."""
+        started = False
+        async for batch in self._events(params, prompts):
+            chunks: list[bytes] = []
+            for ev in batch:
+                if isinstance(ev, TokenEvent):
+                    chunks.append(sse(token_frame(ev, params)))
+                elif isinstance(ev, ProgressEvent):
+                    chunks.append(sse(progress_frame(ev)))
+                elif isinstance(ev, FinalEvent):
+                    chunks.append(sse(final_result(ev, params, self.model_name, stream=True)))
+                elif isinstance(ev, ErrorEvent):
+                    err = _error(ev)
+                    if not started and not chunks:
+                        yield err.code, dumps(err.body())
+                        return
+                    chunks.append(sse(err.body()))
+                    yield b"".join(chunks)
+                    return
+            if chunks:
+                started = True
+                yield b"".join(chunks)

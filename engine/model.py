@@ -1,0 +1,66 @@
+"""Loading a model and its tokenizer, on the Metal GPU where MLX has one, else on the CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from .vocab import Vocab
+
+
+def pick_device() -> mx.Device:
+    device = mx.gpu if mx.metal.is_available() else mx.cpu
+    mx.set_default_device(device)
+    return device
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    vocab: Vocab
+    path: str
+    n_ctx_train: int
+    n_embd: int
+    n_params: int
+    size_bytes: int
+    chat_template: str | None
+
+
+def load_model(path: str) -> LoadedModel:
+    """Load with mlx_lm.load: a local folder, or a Hugging Face id when the hub is reachable."""
+    from mlx_lm import load
+
+    pick_device()
+    model, wrapper = load(path)
+    hf = getattr(wrapper, "_tokenizer", wrapper)
+    vocab = Vocab(hf, set(getattr(wrapper, "eos_token_ids", None) or ()))
+    args = getattr(model, "args", None)
+    n_ctx_train = int(getattr(args, "max_position_embeddings", 0) or 0)
+    n_embd = int(getattr(args, "hidden_size", 0) or 0)
+    params = _leaves(model.parameters())
+    n_params = sum(p.size for p in params)
+    size_bytes = sum(p.nbytes for p in params)
+    local = Path(path)
+    return LoadedModel(
+        model=model,
+        vocab=vocab,
+        path=str(local.resolve()) if local.exists() else path,
+        n_ctx_train=n_ctx_train,
+        n_embd=n_embd,
+        n_params=n_params,
+        size_bytes=size_bytes,
+        chat_template=getattr(hf, "chat_template", None),
+    )
+
+
+def _leaves(tree) -> list[mx.array]:
+    if isinstance(tree, mx.array):
+        return [tree]
+    if isinstance(tree, dict):
+        return [leaf for v in tree.values() for leaf in _leaves(v)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for v in tree for leaf in _leaves(v)]
+    return []

@@ -1,0 +1,503 @@
+"""The engine: one scheduler thread per replica owns the model and every MLX array.
+
+Requests arrive on an inbox; each step admits waiting groups into free slots (prefix-cache lookup
+first), runs one prefill chunk and one batched decode step through mlx-lm's ``BatchGenerator``
+(continuous batching, chunked prefill, per-sequence samplers and logits processors), applies
+llama.cpp's stop rules, and hands each group the events of that step in one call of its sink.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, generation_stream
+
+from .model import LoadedModel
+from .prefix_cache import PrefixCache
+from .sampling import make_processors, make_sampler, resolve_seed
+from .text import TextState
+from .types import (
+    EngineError,
+    EngineEvent,
+    ErrorEvent,
+    FinalEvent,
+    GenerationRequest,
+    ProgressEvent,
+    Timings,
+    TokenEvent,
+    TokenProb,
+    TokenProbs,
+)
+
+log = logging.getLogger("mlxray.engine")
+
+Sink = Callable[[list[EngineEvent]], None]
+
+
+@dataclass
+class EngineConfig:
+    n_parallel: int = 4
+    n_ctx: int = 2048  # per slot
+    n_batch: int = 64  # prefill chunk
+    cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
+    max_queue: int = 256  # waiting groups before new requests are refused
+
+
+@dataclass
+class Slot:
+    id: int
+    task: Task | None = None
+    last_used: float = 0.0
+    last_tokens: list[int] = field(default_factory=list)
+    n_prompt_processed: int = 0
+
+
+@dataclass
+class Task:
+    req: GenerationRequest
+    group: Group
+    text: TextState
+    seed: int
+    slot: Slot | None = None
+    uid: int = -1
+    n_prompt: int = 0
+    n_cache: int = 0
+    n_gen: int = 0
+    tokens: list[int] = field(default_factory=list)
+    probs: list[TokenProbs] = field(default_factory=list)
+    t_start: float = 0.0
+    t_prompt: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    stop_type: str | None = None
+    truncated: bool = False
+
+    def timings(self) -> Timings:
+        predicted_ms = max(1e-3, (self.t_last - self.t_first) * 1e3) if self.n_gen else 0.0
+        return Timings(
+            cache_n=self.n_cache,
+            prompt_n=self.n_prompt - self.n_cache,
+            prompt_ms=max(0.0, (self.t_prompt - self.t_start) * 1e3) if self.t_prompt else 0.0,
+            predicted_n=self.n_gen,
+            predicted_ms=predicted_ms,
+        )
+
+
+@dataclass
+class Group:
+    """The sequences of one client request (several prompts, n_cmpl children): admitted together,
+    cancelled together, delivered through one sink."""
+
+    id: int
+    tasks: list[Task]
+    sink: Sink
+    pending: list[EngineEvent] = field(default_factory=list)
+    cancelled: bool = False
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+        self.loaded = loaded
+        self.vocab = loaded.vocab
+        self.config = config or EngineConfig()
+        self.slots = [Slot(i) for i in range(self.config.n_parallel)]
+        self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: deque[Group] = deque()
+        self._by_uid: dict[int, Task] = {}
+        self._group_ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._bg: BatchGenerator | None = None
+        self._dirty: dict[int, Group] = {}
+        self.error: BaseException | None = None
+        self.counters = {"n_decode_total": 0, "n_busy_slots_total": 0, "requests": 0}
+
+    # ---- public, thread-safe -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mlxray-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def validate(self, req: GenerationRequest) -> None:
+        check_prompt(req.prompt_tokens, self.vocab.n_vocab, self.config.n_ctx)
+
+    def submit(self, requests: list[GenerationRequest], sink: Sink) -> int:
+        """Queue the sequences of one client request; returns the group id for ``cancel``."""
+        if not self.alive:
+            raise EngineError("the engine is not running", 503, "unavailable_error")
+        if len(requests) > self.config.n_parallel:
+            raise EngineError(f"a request needs at most {self.config.n_parallel} slots")
+        for req in requests:
+            self.validate(req)
+        if self._inbox.qsize() + len(self._waiting) >= self.config.max_queue:
+            raise EngineError("the server is busy: too many queued requests", 503,
+                              "unavailable_error")
+        group = Group(next(self._group_ids), [], sink)
+        for req in requests:
+            stops = [w.encode() for w in req.stop]
+            group.tasks.append(Task(req, group, TextState(stops), resolve_seed(req.sampling.seed)))
+        self._inbox.put(("submit", group))
+        return group.id
+
+    def cancel(self, group_id: int) -> None:
+        self._inbox.put(("cancel", group_id))
+
+    def slot_states(self) -> list[dict]:
+        """A snapshot for /slots (read without locks: plain Python values only)."""
+        out = []
+        for slot in self.slots:
+            task = slot.task
+            out.append({
+                "id": slot.id,
+                "n_ctx": self.config.n_ctx,
+                "is_processing": task is not None,
+                "task": None if task is None else {
+                    "n_prompt": task.n_prompt,
+                    "n_cache": task.n_cache,
+                    "n_decoded": task.n_gen,
+                    "n_predict": task.req.n_predict,
+                    "has_new_line": task.text.has_new_line,
+                    "index": task.req.index,
+                    "group": task.group.id,
+                },
+                "used": slot.last_used > 0,
+            })
+        return out
+
+    @property
+    def n_active(self) -> int:
+        return sum(1 for s in self.slots if s.task is not None)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting) + self._inbox.qsize()
+
+    # ---- the scheduler thread ---------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            with mx.stream(generation_stream):
+                self._bg = self._new_batch_generator()
+                while not self._stopping.is_set():
+                    self._drain_inbox(block=self.n_active == 0 and not self._waiting)
+                    self._admit()
+                    if self.n_active:
+                        self._step()
+                    self._flush()
+        except BaseException as exc:  # the loop died: health checks must see it
+            log.exception("engine loop died")
+            self.error = exc
+            self._fail_all(f"engine loop died: {exc}")
+
+    def _new_batch_generator(self) -> BatchGenerator:
+        n = self.config.n_parallel
+        return BatchGenerator(
+            self.loaded.model,
+            max_tokens=self.config.n_ctx,
+            completion_batch_size=n,
+            prefill_batch_size=n,
+            prefill_step_size=self.config.n_batch,
+        )
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            kind, value = item
+            if kind == "submit":
+                self._waiting.append(value)
+            elif kind == "cancel":
+                self._cancel(value)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                item = None
+
+    def _cancel(self, group_id: int) -> None:
+        for group in list(self._waiting):
+            if group.id == group_id:
+                self._waiting.remove(group)
+                group.cancelled = True
+        for slot in self.slots:
+            task = slot.task
+            if task is not None and task.group.id == group_id:
+                task.group.cancelled = True
+                self._retire(task, emit=False)
+
+    def _free_slots(self) -> list[Slot]:
+        return [s for s in self.slots if s.task is None]
+
+    def _admit(self) -> None:
+        while self._waiting:
+            group = self._waiting[0]
+            free = self._free_slots()
+            if len(free) < len(group.tasks):
+                return
+            pinned = group.tasks[0].req.id_slot
+            if pinned >= 0:
+                slot = self.slots[pinned % len(self.slots)]
+                if slot.task is not None:
+                    return  # the reference defers a task whose slot is busy
+                free.remove(slot)
+                chosen = [slot]
+            else:
+                chosen = []
+            self._waiting.popleft()
+            for task in group.tasks[len(chosen):]:
+                chosen.append(self._pick_slot(free, task.req.prompt_tokens))
+            for task, slot in zip(group.tasks, chosen):
+                self._launch(task, slot)
+
+    @staticmethod
+    def _pick_slot(free: list[Slot], prompt: list[int]) -> Slot:
+        """Most similar cached prompt first (LCP ratio above 0.1), else least recently used."""
+        best, best_lcp = None, 0
+        for slot in free:
+            lcp = _common_prefix(slot.last_tokens, prompt)
+            if lcp > best_lcp and lcp / max(1, len(prompt)) > 0.1:
+                best, best_lcp = slot, lcp
+        if best is None:
+            best = min(free, key=lambda s: s.last_used)
+        free.remove(best)
+        return best
+
+    def _launch(self, task: Task, slot: Slot) -> None:
+        req = task.req
+        slot.task = task
+        task.slot = slot
+        task.t_start = time.perf_counter()
+        prompt = req.prompt_tokens
+        task.n_prompt = len(prompt)
+        slot.last_tokens = list(prompt)
+        if not prompt:
+            task.stop_type = "none"
+            self._retire(task)
+            return
+        cache, n_reused = self.prefix_cache.lookup(prompt) if req.cache_prompt else (None, 0)
+        task.n_cache = n_reused
+        if req.return_progress and req.stream:
+            self._emit(task, self._progress(task, n_reused))
+        sampling = req.sampling
+        uid = self._bg.insert(
+            [prompt[n_reused:]],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[list(prompt[:n_reused])],
+            samplers=[make_sampler(sampling, task.seed)],
+            logits_processors=[make_processors(sampling, self.vocab.n_vocab)],
+        )[0]
+        task.uid = uid
+        self._by_uid[uid] = task
+
+    def _progress(self, task: Task, processed: int) -> ProgressEvent:
+        now = time.perf_counter()
+        if processed > task.n_cache:
+            task.t_prompt = now
+        timings = None
+        if task.req.timings_per_token:
+            timings = Timings(task.n_cache, processed - task.n_cache,
+                              (task.t_prompt - task.t_start) * 1e3 if task.t_prompt else 0.0,
+                              0, 0.0)
+        return ProgressEvent(task.req.index, task.n_prompt, task.n_cache, processed,
+                             int((now - task.t_start) * 1e3), timings)
+
+    def _step(self) -> None:
+        try:
+            prompt_responses, generation_responses = self._bg.next()
+        except Exception as exc:  # a failed batch fails the sequences in it, not the loop
+            log.exception("batch step failed")
+            self._fail_active(f"decode() failed: {exc}")
+            self._bg = self._new_batch_generator()
+            return
+        self.counters["n_decode_total"] += 1
+        self.counters["n_busy_slots_total"] += self.n_active
+        for r in prompt_responses:
+            task = self._by_uid.get(r.uid)
+            if task is None:
+                continue
+            done, total = r.progress
+            task.t_prompt = time.perf_counter()
+            if task.req.return_progress and task.req.stream:
+                # BatchGenerator feeds the last prompt token apart; report the reference's chunks
+                if r.end_of_prompt or done < total - 1 or done % self.config.n_batch == 0:
+                    self._emit(task, self._progress(task, task.n_cache + done))
+        finished: list[Task] = []
+        for r in generation_responses:
+            task = self._by_uid.get(r.uid)
+            if task is None:
+                continue
+            try:
+                self._on_token(task, r.token, r.logprobs)
+            except Exception as exc:  # one bad sequence fails alone
+                log.exception("token processing failed")
+                task.group.sink([ErrorEvent(task.req.index, 500, f"got exception: {exc}",
+                                            "server_error")])
+                task.stop_type = "error"
+            if task.stop_type is not None or r.finish_reason is not None:
+                if task.stop_type is None:
+                    task.stop_type, task.truncated = "limit", True
+                finished.append(task)
+        for task in finished:
+            self._retire(task, emit=task.stop_type != "error")
+
+    def _on_token(self, task: Task, token: int, logprobs: mx.array) -> None:
+        """llama.cpp's process_token: text, stop word, limits, n_indent, time limit, EOG."""
+        req = task.req
+        now = time.perf_counter()
+        task.n_gen += 1
+        if task.n_gen == 1:
+            task.t_first = task.t_prompt = now
+        task.t_last = now
+        task.tokens.append(token)
+        is_eog = token in self.vocab.eog_ids
+        had_new_line = task.text.has_new_line
+        complete, sent = task.text.add(self.vocab.piece(token), is_eog)
+        if task.text.stopping_word is not None:
+            task.stop_type = "word"
+        if complete:
+            probs = self._probs(token, sent, logprobs, req.sampling.n_probs) if (
+                req.sampling.n_probs > 0) else None
+            if probs is not None:
+                task.probs.append(probs)
+            if req.stream:
+                timings = task.timings() if (req.timings_per_token or task.stop_type) else None
+                self._emit(task, TokenEvent(req.index, token, sent.decode("utf-8", "replace"),
+                                            task.n_gen, task.n_prompt, timings, probs))
+        if task.n_prompt + task.n_gen >= self.config.n_ctx:
+            task.stop_type, task.truncated = "limit", True
+        if task.stop_type is None and req.n_predict != -1 and task.n_gen >= req.n_predict:
+            task.stop_type = "limit"
+        if had_new_line and req.n_indent > 0 and task.text.indent_cut(req.n_indent):
+            task.stop_type = "limit"
+        if b"\n" in sent:
+            task.text.has_new_line = True
+            if 0 < req.t_max_predict_ms < (now - task.t_first) * 1e3:
+                task.stop_type = "limit"
+        if is_eog:
+            task.stop_type = "eos"
+
+    def _probs(self, token: int, sent: bytes, logprobs: mx.array, n: int) -> TokenProbs:
+        n = min(n, logprobs.shape[-1])
+        top_ids = mx.argpartition(-logprobs, n - 1)[:n]
+        top_vals = logprobs[top_ids]
+        order = mx.argsort(-top_vals)
+        top_ids, top_vals = top_ids[order].tolist(), top_vals[order].tolist()
+        chosen = logprobs[token].item()
+        top = [TokenProb(i, self.vocab.piece(i), v) for i, v in zip(top_ids, top_vals)]
+        return TokenProbs(token, sent, chosen if chosen > float("-inf") else -3.4028234663852886e38,
+                          top)
+
+    def _retire(self, task: Task, emit: bool = True) -> None:
+        """Leave the batch, keep the KV cache for reuse, free the slot, send the final event."""
+        if task.uid >= 0:
+            self._by_uid.pop(task.uid, None)
+            caches = self._bg.remove([task.uid], return_prompt_caches=True)
+            if task.uid in caches:
+                cache, cached_tokens = caches[task.uid]
+                self.prefix_cache.store(cached_tokens, cache)
+            task.uid = -1
+        slot = task.slot
+        if slot is not None:
+            slot.task = None
+            slot.last_used = time.perf_counter()
+            slot.last_tokens = task.req.prompt_tokens + task.tokens[:-1]
+        if emit and not task.group.cancelled:
+            self._emit(task, self._final(task))
+
+    def _final(self, task: Task) -> FinalEvent:
+        text = task.text
+        probs = task.probs
+        stopping_word = text.stopping_word.decode("utf-8", "replace") if (
+            task.stop_type == "word" and text.stopping_word is not None) else ""
+        if task.stop_type == "word" and probs and not task.req.stream:
+            n_stop = len(self.vocab.tokenize(stopping_word, add_special=False))
+            probs = probs[: len(probs) - min(len(probs), n_stop)]
+        return FinalEvent(
+            index=task.req.index,
+            id_slot=task.slot.id if task.slot is not None else 0,
+            content=bytes(text.generated).decode("utf-8", "replace"),
+            tokens=list(task.tokens),
+            stop_type=task.stop_type or "none",
+            stopping_word=stopping_word,
+            n_prompt=task.n_prompt,
+            n_predicted=task.n_gen,
+            tokens_cached=max(0, task.n_prompt + task.n_gen - 1),
+            truncated=task.truncated,
+            has_new_line=text.has_new_line,
+            timings=task.timings(),
+            prompt=self.vocab.detokenize(task.req.prompt_tokens, special=True),
+            probs=probs,
+        )
+
+    def _emit(self, task: Task, event: EngineEvent) -> None:
+        task.group.pending.append(event)
+        self._dirty[task.group.id] = task.group
+
+    def _flush(self) -> None:
+        """One sink call per group per step: everything ready crosses together."""
+        for group in self._dirty.values():
+            events, group.pending = group.pending, []
+            if events and not group.cancelled:
+                group.sink(events)
+        self._dirty.clear()
+
+    def _fail_active(self, message: str) -> None:
+        for slot in self.slots:
+            task = slot.task
+            if task is not None:
+                task.group.sink([ErrorEvent(task.req.index, 500, message, "server_error")])
+                task.group.cancelled = True
+                self._by_uid.pop(task.uid, None)
+                task.uid = -1
+                slot.task = None
+
+    def _fail_all(self, message: str) -> None:
+        try:
+            self._fail_active(message)
+        finally:
+            while self._waiting:
+                group = self._waiting.popleft()
+                group.sink([ErrorEvent(t.req.index, 500, message, "server_error")
+                            for t in group.tasks])
+
+
+def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
+    """Refuse what the reference refuses at slot launch: unknown ids, a prompt filling the slot."""
+    if not all(0 <= t < n_vocab for t in tokens):
+        raise EngineError("Prompt contains invalid tokens")
+    n = len(tokens)
+    if n >= n_ctx:
+        raise EngineError(
+            f"request ({n} tokens) exceeds the available context size ({n_ctx} tokens), "
+            "try increasing it",
+            type="exceed_context_size_error",
+            n_prompt_tokens=n,
+            n_ctx=n_ctx,
+        )
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

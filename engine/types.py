@@ -1,0 +1,173 @@
+"""Plain data that crosses the engine boundary (and Ray calls): requests in, events out.
+
+Nothing here knows about HTTP or llama-server's JSON; the shaper turns events into frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RANDOM_SEED = 0xFFFFFFFF
+
+DEFAULT_SAMPLERS = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """The sampler chain of one sequence, in llama.cpp's terms and defaults."""
+
+    temperature: float = 0.8
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", '"', "*"])
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
+    min_keep: int = 0
+    seed: int = RANDOM_SEED
+    # (token id, bias); a bias of None bans the token (-inf).
+    logit_bias: list[tuple[int, float | None]] = field(default_factory=list)
+    samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One sequence to generate: one prompt, one completion (an n_cmpl child is its own request)."""
+
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until the context is full
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    n_indent: int = 0
+    t_max_predict_ms: int = -1
+    stream: bool = False  # per-token events are sent only to streams
+    return_progress: bool = False
+    timings_per_token: bool = False
+    id_slot: int = -1
+    index: int = 0
+
+
+@dataclass(slots=True)
+class Timings:
+    """Raw figures behind the native ``timings`` object."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+
+@dataclass(slots=True)
+class TokenProb:
+    id: int
+    piece: bytes
+    logprob: float  # a probability instead when post_sampling_probs
+
+
+@dataclass(slots=True)
+class TokenProbs:
+    """Probabilities of one generated step: the sampled token and the top candidates."""
+
+    id: int
+    text: bytes  # the text actually sent for this step
+    logprob: float
+    top: list[TokenProb]
+
+
+@dataclass(slots=True)
+class ProgressEvent:
+    index: int
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+    timings: Timings | None = None
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    index: int
+    token: int
+    text: str
+    n_predicted: int
+    n_prompt: int
+    timings: Timings | None = None
+    probs: TokenProbs | None = None
+
+
+@dataclass(slots=True)
+class FinalEvent:
+    index: int
+    id_slot: int
+    content: str
+    tokens: list[int]
+    stop_type: str  # none, eos, limit, word
+    stopping_word: str
+    n_prompt: int
+    n_predicted: int
+    tokens_cached: int
+    truncated: bool
+    has_new_line: bool
+    timings: Timings
+    prompt: str = ""  # the prompt detokenized with special tokens
+    probs: list[TokenProbs] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ErrorEvent:
+    """A request that failed; ``extra`` holds additional envelope keys (n_prompt_tokens, n_ctx)."""
+
+    index: int
+    code: int
+    message: str
+    type: str
+    extra: dict = field(default_factory=dict)
+
+
+EngineEvent = ProgressEvent | TokenEvent | FinalEvent | ErrorEvent
+
+
+class EngineError(Exception):
+    """A request the engine refuses; carries what the error envelope needs."""
+
+    def __init__(self, message: str, code: int = 400, type: str = "invalid_request_error", **extra):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.type = type
+        self.extra = extra
+
+    def to_event(self, index: int = 0) -> ErrorEvent:
+        return ErrorEvent(index, self.code, self.message, self.type, dict(self.extra))
