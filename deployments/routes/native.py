@@ -1,0 +1,137 @@
+"""The native llama-server routes: /completion(s), /tokenize, /detokenize, /health.
+
+Handlers take the ingress (its state and guards) as their first argument; the route table is in
+deployments/ingress.py.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from engine.scheduler import check_prompt
+from engine.types import EngineError
+
+from ..app import JSON, from_engine, json_response, read_json, read_object
+from ..base import IngressBase
+from ..errors import invalid
+from ..schema import CompletionParams, json_type, parse_completion, split_prompts
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    return value if isinstance(value, bool) else default
+
+
+async def _with_pings(first, chunks, interval: int) -> AsyncIterator[bytes]:
+    """The SSE body; a ``:`` comment line after ``interval`` seconds of silence keeps it open."""
+    if first is not None:
+        yield first
+    iterator = chunks.__aiter__()
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator, None))
+            if interval > 0:
+                done, _ = await asyncio.wait({pending}, timeout=interval)
+                if not done:
+                    yield b":\n\n"
+                    continue
+            chunk = await pending
+            pending = None
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+
+# ---- completion ----------------------------------------------------------------------------
+async def completion(ingress: IngressBase, request: Request) -> Response:
+    await ingress.guard(request)
+    body = await read_json(request, ingress.args.max_body_bytes)
+    params, prompts = prepare(ingress, body)
+    if params.stream:
+        return await stream(ingress, params, prompts)
+    status, payload = await ingress.shaper.complete.remote(params, prompts)
+    return Response(payload, status_code=status, media_type=JSON)
+
+
+def prepare(ingress: IngressBase, body: Any) -> tuple[CompletionParams, list[list[int]]]:
+    """The reference's order: prompt present, tokenized, fields evaluated, then slot checks."""
+    if not isinstance(body, dict):
+        raise invalid(f"[json.exception.type_error.304] cannot use at() with {json_type(body)}")
+    try:
+        prompts = [ingress.vocab.tokenize_prompt(p) for p in split_prompts(body)]
+        params = parse_completion(body, ingress.parse_context, ingress.defaults)
+        for tokens in prompts:
+            check_prompt(tokens, ingress.vocab.n_vocab, ingress.args.n_ctx)
+    except EngineError as exc:
+        raise from_engine(exc) from None
+    return params, prompts
+
+
+async def stream(ingress: IngressBase, params: CompletionParams,
+                 prompts: list[list[int]]) -> Response:
+    chunks = ingress.shaper.options(stream=True).stream.remote(params, prompts)
+    first = await anext(chunks, None)
+    if isinstance(first, tuple):
+        status, payload = first
+        return Response(payload, status_code=status, media_type=JSON)
+    return StreamingResponse(
+        _with_pings(first, chunks, params.sse_ping_interval),
+        media_type="text/event-stream",
+        headers={"X-Accel-Buffering": "no"},
+    )
+
+# ---- tokens --------------------------------------------------------------------------------
+async def tokenize(ingress: IngressBase, request: Request) -> Response:
+    await ingress.guard(request)
+    body = await read_object(request, ingress.args.max_body_bytes)
+    content = body.get("content")
+    add_special = _flag(body, "add_special", False)
+    parse_special = _flag(body, "parse_special", True)
+    with_pieces = _flag(body, "with_pieces", False)
+    if content is None:
+        return json_response({"tokens": []})
+    try:
+        if isinstance(content, str):
+            tokens = ingress.vocab.tokenize(content, add_special, parse_special)
+        elif isinstance(content, list):
+            tokens = ingress.vocab.tokenize_mixed(content, add_special, parse_special)
+        else:
+            raise invalid("\"content\" must be a string or an array of strings and tokens")
+    except EngineError as exc:
+        raise invalid(exc.message) from None
+    if not with_pieces:
+        return json_response({"tokens": tokens})
+    out = []
+    for t in tokens:
+        piece = ingress.vocab.piece(t, special=True)
+        try:
+            shown: Any = piece.decode("utf-8")
+        except UnicodeDecodeError:
+            shown = list(piece)
+        out.append({"id": t, "piece": shown})
+    return json_response({"tokens": out})
+
+
+async def detokenize(ingress: IngressBase, request: Request) -> Response:
+    await ingress.guard(request)
+    body = await read_object(request, ingress.args.max_body_bytes)
+    tokens = body.get("tokens", [])
+    if tokens is None:
+        tokens = []
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise invalid("\"tokens\" must be an array of integers")
+    return json_response({"content": ingress.vocab.detokenize(tokens, special=True)})
+
+# ---- health --------------------------------------------------------------------------------
+async def health(ingress: IngressBase, request: Request) -> Response:
+    await ingress.check_ready()
+    return json_response({"status": "ok"})
