@@ -33,8 +33,8 @@ class GraphArgs(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> GraphArgs:
-        local = Path(self.model)
-        if self.model_path == self.model and (local.is_absolute() or self.model.startswith(".")):
+        looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
+        if looks_local and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
         return self
 

@@ -1,0 +1,122 @@
+"""The project's own replay of the reference captures (tests/fixtures/captures), with the same
+normalization rules as ../shared/reference/compare.py: timing values and ``model`` may differ,
+``id_slot`` may be any slot where the reference names one, floats match to 1e-5 relative
+(probabilities to 5e-3 absolute), and ``shape`` captures compare key order and JSON types only."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TIMING_SUFFIXES = ("_ms", "_per_second", "_per_token_ms")
+PROB_KEYS = {"logprob", "prob"}
+
+
+def load_captures(folder: Path) -> list[dict]:
+    caps = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+    return sorted(caps, key=lambda c: c["probe"]["order"])
+
+
+def send(client: httpx.Client, probe: dict) -> dict:
+    headers = {"Content-Type": "application/json", **probe.get("headers", {})}
+    if "raw" in probe:
+        data = probe["raw"].encode()
+    elif probe.get("body") is not None:
+        data = json.dumps(probe["body"]).encode()
+    else:
+        data = None
+    resp = client.request(probe.get("method", "POST"), probe["path"], content=data,
+                          headers=headers)
+    return parse_answer(resp.status_code, resp.headers.get("content-type", ""), resp.content)
+
+
+def parse_answer(status: int, ctype: str, raw: bytes) -> dict:
+    out: dict[str, Any] = {"status": status, "content_type": ctype.split(";")[0].strip()}
+    text = raw.decode("utf-8", errors="replace")
+    if out["content_type"] == "text/event-stream":
+        events = []
+        for line in text.splitlines():
+            if line.startswith("data: "):
+                try:
+                    events.append(json.loads(line[6:]))
+                except json.JSONDecodeError:
+                    events.append({"__raw__": line[6:]})
+        out["events"] = events
+        return out
+    try:
+        out["body"] = json.loads(text)
+    except json.JSONDecodeError:
+        out["text"] = text
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def diff(ref: Any, got: Any, path: str = "$", shape: bool = False, key: str = "") -> list[str]:
+    if key == "model":
+        return [] if isinstance(got, str) else [f"{path}: expected a string"]
+    if key.endswith(TIMING_SUFFIXES) and _number(ref):
+        return [] if _number(got) else [f"{path}: expected a number, got {got!r}"]
+    if key == "id_slot" and isinstance(ref, int):
+        ok = got == -1 if ref == -1 else isinstance(got, int) and got >= 0
+        return [] if ok else [f"{path}: id_slot {got!r} (reference {ref})"]
+    if isinstance(ref, dict):
+        if not isinstance(got, dict):
+            return [f"{path}: expected an object, got {type(got).__name__}"]
+        if list(ref) != list(got):
+            return [f"{path}: keys {list(got)} != reference {list(ref)}"]
+        return [d for k in ref for d in diff(ref[k], got[k], f"{path}.{k}", shape, k)]
+    if isinstance(ref, list):
+        if not isinstance(got, list):
+            return [f"{path}: expected a list, got {type(got).__name__}"]
+        if shape:
+            return diff(ref[0], got[0], f"{path}[0]", shape, key) if ref and got else []
+        if len(ref) != len(got):
+            return [f"{path}: {len(got)} items, reference {len(ref)}"]
+        return [d for i, (r, g) in enumerate(zip(ref, got)) for d in
+                diff(r, g, f"{path}[{i}]", shape, key)]
+    if isinstance(ref, bool) or ref is None:
+        if shape and isinstance(ref, bool):
+            return [] if isinstance(got, bool) else [f"{path}: expected a boolean"]
+        return [] if got is ref else [f"{path}: {got!r} != reference {ref!r}"]
+    if _number(ref):
+        if not _number(got):
+            return [f"{path}: expected a number, got {got!r}"]
+        if shape:
+            return []
+        if isinstance(ref, int) and isinstance(got, int):
+            return [] if ref == got else [f"{path}: {got} != reference {ref}"]
+        if key in PROB_KEYS:
+            same = abs(ref - got) <= 5e-3
+        else:
+            same = math.isclose(ref, got, rel_tol=1e-5, abs_tol=1e-6)
+        return [] if same else [f"{path}: {got} != reference {ref}"]
+    if isinstance(ref, str):
+        if not isinstance(got, str):
+            return [f"{path}: expected a string, got {got!r}"]
+        return [] if shape or ref == got else [f"{path}: {got!r} != reference {ref!r}"]
+    return [] if ref == got else [f"{path}: {got!r} != reference {ref!r}"]
+
+
+def compare(capture: dict, answer: dict) -> list[str]:
+    ref = capture["answer"]
+    shape = capture["probe"].get("mode") == "shape"
+    problems = []
+    if ref["status"] != answer["status"]:
+        problems.append(f"status {answer['status']} != reference {ref['status']}")
+    if ref["content_type"] != answer["content_type"]:
+        problems.append(f"content type {answer['content_type']} != {ref['content_type']}")
+    if problems:
+        return problems
+    for part in ("body", "events", "text"):
+        if part in ref:
+            if part not in answer:
+                return [f"{part} missing"]
+            return diff(ref[part], answer[part], "$", shape)
+    return []

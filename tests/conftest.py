@@ -1,0 +1,92 @@
+"""One Ray Serve instance for the whole test session, on a free port, with the conformance
+graph (the reference server's settings) deployed at "/". Tests that need other settings deploy
+their own application under another route prefix through ``deploy_app``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = str(REPO / "models" / "tiny-python")
+CAPTURES = Path(__file__).resolve().parent / "fixtures" / "captures"
+
+CONFORMANCE_ARGS = {"model": MODEL, "alias": "tiny-python", "n_parallel": 4, "n_ctx": 2048,
+                    "n_batch": 64, "metrics": True}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{base} did not become healthy")
+
+
+@pytest.fixture(scope="session")
+def serve_instance() -> Iterator[int]:
+    import ray
+    from ray import serve
+
+    port = free_port()
+    # logical CPUs: several graphs of 3 deployments fit on a 2-core machine
+    ray.init(address="local", num_cpus=32, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def deploy_app(serve_instance: int) -> Callable[..., str]:
+    """deploy_app(name, args) -> base URL of a graph deployed under /<name>."""
+    from ray import serve
+
+    from deployments.graph import build_app
+
+    deployed: dict[str, str] = {}
+
+    def deploy(name: str, args: dict, prefix: str | None = None) -> str:
+        if name in deployed:
+            return deployed[name]
+        route = "/" if prefix == "/" else f"/{prefix or name}"
+        serve.run(build_app(args), name=name, route_prefix=route, blocking=False)
+        base = f"http://127.0.0.1:{serve_instance}" + ("" if route == "/" else route)
+        wait_healthy(base)
+        deployed[name] = base
+        return base
+
+    return deploy
+
+
+@pytest.fixture(scope="session")
+def base_url(deploy_app) -> str:
+    """The conformance graph, deployed first so the cache captures see a fresh server."""
+    return deploy_app("conformance", CONFORMANCE_ARGS, prefix="/")
+
+
+@pytest.fixture()
+def client(base_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base_url, timeout=120) as c:
+        yield c

@@ -1,0 +1,139 @@
+"""The engine alone (no Ray): greedy equality with mlx-lm, batching, stop rules, cancellation,
+the prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from engine import aio
+from engine.model import load_model
+from engine.scheduler import Engine, EngineConfig
+from engine.types import FinalEvent, GenerationRequest, SamplingParams, TokenEvent
+
+from .conftest import MODEL
+
+PROMPTS = ["def main():\n", "import os\n", "class Foo:\n    def __init__(self",
+           "    for i in range("]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = Engine(load_model(MODEL), EngineConfig(n_parallel=4, n_ctx=512, n_batch=16))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def greedy_request(engine: Engine, prompt: str, n: int = 24, **kw) -> GenerationRequest:
+    return GenerationRequest(engine.vocab.tokenize(prompt, add_special=True),
+                             SamplingParams(temperature=0.0), n_predict=n, **kw)
+
+
+def run(engine: Engine, *requests: GenerationRequest) -> list:
+    async def collect():
+        events = []
+        async for batch in aio.generate(engine, list(requests)):
+            events += batch
+        return events
+
+    return asyncio.run(collect())
+
+
+def finals(events) -> dict[int, FinalEvent]:
+    return {e.index: e for e in events if isinstance(e, FinalEvent)}
+
+
+def mlx_lm_greedy(engine: Engine, prompt: str, n: int) -> list[int]:
+    tokens = engine.vocab.tokenize(prompt, add_special=True)
+    out = []
+    steps = generate_step(mx.array(tokens), engine.loaded.model,
+                          sampler=lambda x: mx.argmax(x, axis=-1))
+    for (token, _), _ in zip(steps, range(n)):
+        out.append(int(token))
+    return out
+
+
+def test_greedy_ids_equal_mlx_lm(engine):
+    for prompt in PROMPTS:
+        final = finals(run(engine, greedy_request(engine, prompt, cache_prompt=False)))[0]
+        assert final.tokens == mlx_lm_greedy(engine, prompt, 24)
+
+
+def test_batched_equals_alone(engine):
+    alone = [finals(run(engine, greedy_request(engine, p, 40, cache_prompt=False)))[0].tokens
+             for p in PROMPTS]
+    requests = [greedy_request(engine, p, 40, cache_prompt=False, index=i)
+                for i, p in enumerate(PROMPTS)]
+    together = finals(run(engine, *requests))
+    assert [together[i].tokens for i in range(4)] == alone
+
+
+def test_stop_string_is_held_back_then_cut(engine):
+    req = greedy_request(engine, "class Foo:\n    def __init__(self", 32, stop=["self."],
+                         stream=True, cache_prompt=False)
+    events = run(engine, req)
+    texts = [e.text for e in events if isinstance(e, TokenEvent)]
+    final = finals(events)[0]
+    assert final.stop_type == "word" and final.stopping_word == "self."
+    assert "" in texts  # " self" was held while it could start the stop word
+    assert "".join(texts) == final.content
+    assert not final.content.endswith("self")
+
+
+def test_n_predict_zero_still_samples_one(engine):
+    final = finals(run(engine, greedy_request(engine, "import os\n", 0, cache_prompt=False)))[0]
+    assert final.n_predicted == 1 and final.stop_type == "limit"
+
+
+def test_repeated_prompt_reuses_prefix(engine):
+    prompt = "def reused_prefix(a, b):\n    return a + b\n" * 3
+    first = finals(run(engine, greedy_request(engine, prompt, 4)))[0]
+    second = finals(run(engine, greedy_request(engine, prompt, 4)))[0]
+    assert first.timings.cache_n < 4  # at most "<s>def" from an earlier test
+    assert second.timings.cache_n == first.n_prompt - 1
+    assert second.timings.prompt_n == 1
+    assert second.tokens == first.tokens
+
+
+def test_cache_prompt_false_reevaluates(engine):
+    prompt = "def no_reuse():\n    pass\n" * 3
+    run(engine, greedy_request(engine, prompt, 2))
+    again = finals(run(engine, greedy_request(engine, prompt, 2, cache_prompt=False)))[0]
+    assert again.timings.cache_n == 0
+
+
+def test_cancellation_frees_the_slot(engine):
+    async def cancel_midway():
+        req = greedy_request(engine, "def main():\n", 400, stream=True, cache_prompt=False,
+                             ignore_eos=True)
+        req.sampling.logit_bias = [(t, None) for t in engine.vocab.eog_ids]
+        stream = aio.generate(engine, [req])
+        seen = 0
+        async for batch in stream:
+            seen += sum(isinstance(e, TokenEvent) for e in batch)
+            if seen >= 3:
+                break
+        await stream.aclose()
+        for _ in range(200):
+            if engine.n_active == 0:
+                return seen
+            await asyncio.sleep(0.01)
+        raise AssertionError("the slot was not freed")
+
+    assert asyncio.run(cancel_midway()) >= 3
+    assert all(not s["is_processing"] for s in engine.slot_states())
+
+
+def test_progress_events_per_chunk(engine):
+    prompt = "x = 1\n" * 20
+    req = greedy_request(engine, prompt, 2, stream=True, return_progress=True,
+                         cache_prompt=False)
+    total = len(req.prompt_tokens)
+    progress = [e for e in run(engine, req) if type(e).__name__ == "ProgressEvent"]
+    # llama.cpp: one frame at the start, then one per n_batch chunk, the last at the total
+    assert [p.processed for p in progress] == [0, *range(16, total, 16), total]
+    assert all(p.total == total for p in progress)
