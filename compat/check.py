@@ -1,0 +1,217 @@
+"""``python -m compat.check [--fix] [FOLDER]``: validate the manifest; exit 1 naming each bad entry.
+
+Checks the entry schema, the state rules of the inventory (supported: a claim and a test, no
+divergence; aliased: the name it maps to and a test; not_applicable: notes, the diagnostic as its
+claim and a test; by_design: a divergence, a rationale and a test; deferred: an open issue, no
+claim), unique ids, the counts of pin.json, that every ``test`` pointer names an existing test
+function (test files are parsed, never imported) and that every shard is in canonical form.
+``--fix`` rewrites the shards canonically (sorted entries, one per line) before checking.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from .manifest import (
+    FIELD_FACTS, KEYS, KINDS, MANIFEST, RATIONALE_KEYS, RATIONALE_KINDS, REQUIRED, ROOT,
+    ROUTE_FACTS, STATES, Shard, canonical_text, entry_id, load_shard, shard_paths,
+)
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+@cache
+def test_names(path: Path) -> frozenset[str]:
+    """``func`` and ``Class::method`` for every test function of a test file, read with ast."""
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, SyntaxError):
+        return frozenset()
+    names: set[str] = set()
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in tree.body:
+        if isinstance(node, funcs) and node.name.startswith("test"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            names |= {f"{node.name}::{m.name}" for m in node.body
+                      if isinstance(m, funcs) and m.name.startswith("test")}
+    return frozenset(names)
+
+
+def pointer_problem(pointer: str, root: Path = ROOT) -> str | None:
+    """Why ``tests/file.py::function[param]`` names no test, or None when it does."""
+    file, sep, name = pointer.partition("::")
+    name = name.split("[", 1)[0]
+    if not sep or not file.endswith(".py") or not name:
+        return f"test pointer {pointer!r} is not 'file.py::function'"
+    path = (root / file).resolve()
+    if not path.is_file() or root.resolve() not in path.parents:
+        return f"test pointer {pointer!r}: no file {file}"
+    if name not in test_names(path):
+        return f"test pointer {pointer!r}: no test function {name} in {file}"
+    return None
+
+
+def _typed(entry: dict, key: str, kind: type) -> bool:
+    return key not in entry or isinstance(entry[key], kind)
+
+
+def schema_problems(entry: dict) -> list[str]:
+    problems = [f"missing key {k!r}" for k in REQUIRED if k not in entry]
+    problems += [f"unknown key {k!r}" for k in entry if k not in KEYS]
+    for key, kind in (("id", str), ("claim", str), ("test", str), ("notes", str),
+                      ("facts", dict), ("divergence", list), ("rationale", dict)):
+        if not _typed(entry, key, kind):
+            problems.append(f"{key!r} must be a {kind.__name__}")
+    issue = entry.get("issue")
+    if issue is not None and (not isinstance(issue, int) or isinstance(issue, bool)):
+        problems.append("'issue' must be an issue number")
+    if entry.get("kind") not in KINDS:
+        problems.append(f"kind {entry.get('kind')!r} is not one of {', '.join(KINDS)}")
+    if entry.get("state") not in STATES:
+        problems.append(f"state {entry.get('state')!r} is not one of {', '.join(STATES)}")
+    if isinstance(entry.get("divergence"), list) and not all(
+            isinstance(d, str) and d.strip() for d in entry["divergence"]):
+        problems.append("'divergence' must list non-empty strings")
+    problems += _rationale_problems(entry.get("rationale"))
+    if isinstance(entry.get("facts"), dict) and entry.get("kind") in KINDS:
+        problems += _facts_problems(entry["kind"], entry["facts"])
+        expected = entry_id(entry["kind"], entry["facts"])
+        if entry.get("id") != expected:
+            problems.append(f"id must be {expected!r} (from its facts)")
+    return problems
+
+
+def _rationale_problems(rationale: Any) -> list[str]:
+    if not isinstance(rationale, dict):
+        return []
+    problems = [f"rationale needs {k!r}" for k in RATIONALE_KEYS
+                if not isinstance(rationale.get(k), str) or not rationale[k].strip()]
+    problems += [f"rationale has unknown key {k!r}" for k in rationale if k not in RATIONALE_KEYS]
+    if rationale.get("kind") not in RATIONALE_KINDS:
+        problems.append(f"rationale kind must be one of {', '.join(RATIONALE_KINDS)}")
+    return problems
+
+
+def _facts_problems(kind: str, facts: dict) -> list[str]:
+    spec = ROUTE_FACTS if kind == "route" else FIELD_FACTS
+    required = ("method", "path") if kind == "route" else ("name", "type")
+    problems = [f"facts need {k!r}" for k in required if not facts.get(k)]
+    for key, value in facts.items():
+        if key not in spec:
+            problems.append(f"facts have unknown key {key!r}")
+        elif not isinstance(value, spec[key]):
+            problems.append(f"facts {key!r} must be a {spec[key].__name__}")
+    if kind == "route" and facts.get("method") not in HTTP_METHODS:
+        problems.append(f"facts method {facts.get('method')!r} is not an HTTP method")
+    return problems
+
+
+def state_problems(entry: dict, open_issues: list[int]) -> list[str]:
+    """The inventory's rules for each state."""
+    state = entry.get("state")
+    has = {k: bool(entry.get(k)) for k in KEYS}
+    rules = {
+        "supported": [("claim", True), ("test", True), ("divergence", False),
+                      ("rationale", False)],
+        "aliased": [("claim", True), ("test", True), ("divergence", False)],
+        "not_applicable": [("notes", True), ("claim", True), ("test", True)],
+        "by_design": [("divergence", True), ("rationale", True), ("test", True)],
+        "deferred": [("issue", True), ("claim", False)],
+    }.get(state, [])
+    problems = [f"{state} entry {'needs' if need else 'must not have'} {key!r}"
+                for key, need in rules if has[key] != need]
+    if state != "deferred" and entry.get("issue") is not None:
+        problems.append(f"{state} entry must not have 'issue' (only deferred entries do)")
+    issue = entry.get("issue")
+    if state == "deferred" and isinstance(issue, int) and issue not in open_issues:
+        problems.append(f"deferred to issue #{issue}, which is not an open issue in pin.json")
+    if entry.get("test"):
+        problem = pointer_problem(entry["test"])
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def pin_problems(pin: dict) -> list[str]:
+    problems = []
+    for key in ("reference", "captures", "counts", "areas", "open_issues"):
+        if key not in pin:
+            problems.append(f"pin.json: missing {key!r}")
+    counts = pin.get("counts", {})
+    if not isinstance(counts, dict) or set(counts) != set(KINDS):
+        problems.append(f"pin.json: 'counts' must give {', '.join(KINDS)}")
+    return problems
+
+
+def check(folder: Path = MANIFEST, fix: bool = False) -> list[str]:
+    """Every problem of the manifest in ``folder``, each naming its shard and entry."""
+    try:
+        pin = json.loads((folder / "pin.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return [f"pin.json: {exc}"]
+    problems = pin_problems(pin)
+    areas = pin.get("areas", [])
+    seen: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for path in shard_paths(folder):
+        shard, shard_errors = _read_shard(path, areas)
+        problems += shard_errors
+        if shard is None:
+            continue
+        if fix:
+            path.write_text(canonical_text(shard))
+        elif path.read_text() != canonical_text(shard):
+            problems.append(f"{path.name}: not canonical (run python -m compat.check --fix)")
+        for entry in shard.entries:
+            where = f"{path.name}: {entry.get('id', '<no id>')}"
+            seen[entry.get("id", "")] += 1
+            kinds[entry.get("kind", "")] += 1
+            errors = schema_problems(entry) or state_problems(entry, pin.get("open_issues", []))
+            problems += [f"{where}: {e}" for e in errors]
+    problems += [f"{i}: id appears {n} times" for i, n in seen.items() if n > 1]
+    for kind, expected in pin.get("counts", {}).items():
+        if kinds[kind] != expected:
+            problems.append(f"pin.json: {kinds[kind]} {kind} entries, expected {expected}")
+    return problems
+
+
+def _read_shard(path: Path, areas: list[str]) -> tuple[Shard | None, list[str]]:
+    if not path.exists():
+        return None, [f"{path.name}: listed in pin.json areas but missing"]
+    try:
+        shard = load_shard(path)
+    except json.JSONDecodeError as exc:
+        return None, [f"{path.name}: not JSON: {exc}"]
+    problems = []
+    if path.stem not in areas:
+        problems.append(f"{path.name}: area not listed in pin.json 'areas'")
+    if shard.area != path.stem or not shard.title:
+        problems.append(f"{path.name}: 'area' must be {path.stem!r} and 'title' non-empty")
+    if not isinstance(shard.entries, list) or not all(isinstance(e, dict) for e in shard.entries):
+        return None, problems + [f"{path.name}: 'entries' must be a list of objects"]
+    return shard, problems
+
+
+def main(argv: list[str]) -> int:
+    fix = "--fix" in argv
+    rest = [a for a in argv if a != "--fix"]
+    folder = Path(rest[0]) if rest else MANIFEST
+    problems = check(folder, fix=fix)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"compat.check: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"compat.check: {folder.relative_to(ROOT) if ROOT in folder.parents else folder} ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
