@@ -8,7 +8,7 @@ PYTHON ?= python3
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install serve test lint bench clean
+.PHONY: install serve test compat lint bench clean
 
 install: $(VENV)/.installed
 
@@ -21,8 +21,16 @@ $(VENV)/.installed: pyproject.toml
 serve: install
 	$(VENV)/bin/serve run $(CONFIG)
 
+# the compat manifest is validated (and its docs checked up to date) before the tests run
 test: install
+	$(PY) -m compat.check
+	$(PY) -m compat.render --check
 	$(PY) -m pytest -q -p no:warnings
+
+# rewrite the manifest shards canonically, then regenerate docs/llama-server-compat.md and README
+compat: install
+	$(PY) -m compat.check --fix
+	$(PY) -m compat.render
 
 lint: install
 	$(VENV)/bin/ruff check .

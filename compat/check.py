@@ -19,8 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from .manifest import (
-    FIELD_FACTS, KEYS, KINDS, MANIFEST, RATIONALE_KEYS, RATIONALE_KINDS, REQUIRED, ROOT,
-    ROUTE_FACTS, STATES, Shard, canonical_text, entry_id, load_shard, shard_paths,
+    FIELD_FACTS,
+    KEYS,
+    KINDS,
+    MANIFEST,
+    RATIONALE_KEYS,
+    RATIONALE_KINDS,
+    REQUIRED,
+    ROOT,
+    ROUTE_FACTS,
+    STATES,
+    Shard,
+    canonical_text,
+    entry_id,
+    load_shard,
+    shard_paths,
 )
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -38,7 +38,7 @@ class Shard:
 
 
 def entry_id(kind: str, facts: dict[str, Any]) -> str:
-    """The id its facts imply: ``route:POST /completion``, ``field:stream_options.include_usage``."""
+    """The id facts imply: ``route:POST /completion``, ``field:stream_options.include_usage``."""
     if kind == "route":
         return f"route:{facts.get('method')} {facts.get('path')}"
     parent = facts.get("parent")

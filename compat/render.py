@@ -3,6 +3,7 @@ block from the manifest; ``--check`` writes nothing and exits 1 when either is o
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,18 @@ def _area(title: str, items: list[dict[str, Any]]) -> list[str]:
     for e in items:
         out.append(f"| {entry_label(e)} | `{e['state']}` | {_mlxray(e)} | "
                    f"{_code(e.get('test', ''))} | {_cell(e.get('notes', ''))} |")
-    by_design = [e for e in items if e.get("divergence")]
-    if by_design:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in items:
+        if e.get("divergence"):
+            key = json.dumps([e["divergence"], e.get("rationale", {})], sort_keys=True)
+            groups.setdefault(key, []).append(e)
+    if groups:
         out += ["", "Divergences and rationales:", ""]
-        for e in by_design:
-            r = e.get("rationale", {})
-            out.append(f"- {entry_label(e)}: {' '.join(e['divergence'])} "
-                       f"*{r.get('kind', '')}*: {r.get('reason', '')} "
-                       f"Revisit: {r.get('revisit', '')}")
+    for group in groups.values():
+        r = group[0].get("rationale", {})
+        out.append(f"- {', '.join(entry_label(e) for e in group)}: "
+                   f"{' '.join(group[0]['divergence'])} *{r.get('kind', '')}*: "
+                   f"{r.get('reason', '')} Revisit: {r.get('revisit', '')}")
     return out + [""]
 
 

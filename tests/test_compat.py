@@ -1,0 +1,315 @@
+"""The compat manifest bound to the running code: its routes to the ingress's FastAPI app, its
+fields to the request schema and to what the real route answers; ``compat.check`` failing on each
+kind of broken entry; the rendered docs up to date."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from compat import check, render
+from compat.manifest import MANIFEST, ROOT, canonical_text, entries, load, load_shard
+from deployments.schema import FIELDS, SPECULATIVE_KEYS, Field, f32
+
+ENTRIES = entries()
+BY_ID = {e["id"]: e for e in ENTRIES}
+THIS = "tests/test_compat.py::"
+GREEDY = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0, "cache_prompt": False,
+          "return_tokens": True}
+# fields refused only together with another one (a lazy grammar needs triggers to get that far)
+COMPANIONS = {"grammar_lazy": {"grammar_triggers": [{"type": 1, "value": "x"}]}}
+# a concrete request path for each templated reference path
+CONCRETE = {"${api-prefix}/": "/", "${AIP_HEALTH_ROUTE}": "/aip/health",
+            "${AIP_PREDICT_ROUTE:-/predict}": "/predict", "/slots/:id_slot": "/slots/0"}
+
+
+def params(select: Callable[[dict], bool]) -> list:
+    return [pytest.param(e, id=e["id"]) for e in ENTRIES if select(e)]
+
+
+def checked_by(name: str) -> Callable[[dict], bool]:
+    return lambda e: e.get("test", "").split("[")[0] == THIS + name
+
+
+def schema_key(spec: Field) -> str:
+    return f"{spec.parent}.{spec.name}" if spec.parent else spec.name
+
+
+SCHEMA = {schema_key(f): f for f in FIELDS}
+PARENTS = {f.parent for f in FIELDS if f.parent}
+
+
+def _api_routes(routes: list, prefix: str = "") -> set[str]:
+    """``METHOD /path`` of every APIRoute, descending into included routers (Ray Serve's
+    ``serve.ingress`` re-mounts the class's routes as a router)."""
+    out: set[str] = set()
+    for route in routes:
+        if isinstance(route, APIRoute):
+            out |= {f"{m} {prefix}{route.path}" for m in route.methods}
+        elif getattr(route, "original_router", None) is not None:
+            context = getattr(route, "include_context", None)
+            out |= _api_routes(route.original_router.routes,
+                               prefix + getattr(context, "prefix", ""))
+    return out
+
+
+def mounted_routes() -> set[str]:
+    import deployments.ingress  # noqa: F401  (the route table registers itself on the app)
+    from deployments.app import app
+
+    return _api_routes(app.routes)
+
+
+def fastapi_path(path: str) -> str:
+    """A reference path in FastAPI's syntax: ``/slots/:id_slot`` -> ``/slots/{id_slot}``."""
+    return "/".join(f"{{{p[1:]}}}" if p.startswith(":") else p for p in path.split("/"))
+
+
+def with_example(entry: dict, body: dict) -> dict:
+    facts = entry["facts"]
+    assert "example" in facts, f"{entry['id']} needs facts.example (a non-default value)"
+    body = {**body, **COMPANIONS.get(facts["name"], {})}
+    if facts.get("parent"):
+        return {**body, facts["parent"]: {facts["name"]: facts["example"]}}
+    return {**body, facts["name"]: facts["example"]}
+
+
+# ---- the manifest itself -----------------------------------------------------------------
+def test_manifest_is_valid():
+    assert check.check() == []
+    assert len(ENTRIES) == 127
+
+
+def test_shards_are_canonical():
+    for path in sorted(MANIFEST.glob("*.json")):
+        if path.name != "pin.json":
+            assert path.read_text() == canonical_text(load_shard(path)), path.name
+
+
+def test_docs_and_readme_are_rendered():
+    assert render.outdated() == [], "run python -m compat.render"
+
+
+# ---- routes: the ingress's FastAPI app ---------------------------------------------------
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and "claim" in e))
+def test_claimed_route_is_mounted(entry):
+    assert entry["claim"] in mounted_routes()
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and "claim" not in e))
+def test_unclaimed_route_is_not_mounted(entry):
+    facts = entry["facts"]
+    path = fastapi_path(CONCRETE.get(facts["path"], facts["path"]))
+    assert f"{facts['method']} {path}" not in mounted_routes()
+
+
+def test_every_mounted_route_is_claimed():
+    claims = {e.get("claim") for e in ENTRIES if e["kind"] == "route"}
+    assert mounted_routes() - claims == set()
+
+
+@pytest.mark.parametrize("entry", params(checked_by("test_unserved_route_answers_404")))
+def test_unserved_route_answers_404(client, entry):
+    facts = entry["facts"]
+    r = client.request(facts["method"], CONCRETE.get(facts["path"], facts["path"]),
+                       content=b"{}" if facts["method"] == "POST" else None)
+    assert r.status_code == 404
+    assert r.json() == {"error": {"code": 404, "message": "File Not Found",
+                                  "type": "not_found_error"}}
+
+
+@pytest.mark.parametrize(
+    "entry", params(checked_by("test_body_not_json_is_400_on_every_post_route")))
+def test_body_not_json_is_400_on_every_post_route(client, entry):
+    method, path = entry["claim"].split(" ", 1)
+    r = client.request(method, path, content=b"{not json")
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "parse error" in r.json()["error"]["message"]
+
+
+# ---- fields: the request schema and the real route -----------------------------------------
+@pytest.mark.parametrize("entry", params(
+    lambda e: e["kind"] == "field" and e["state"] in ("supported", "aliased")))
+def test_supported_field_is_a_schema_field(entry):
+    claim = entry["claim"]
+    if claim in SPECULATIVE_KEYS:  # ignored as unknown keys, as the reference ignores them
+        assert claim not in SCHEMA
+        return
+    assert claim in SCHEMA or claim in PARENTS
+    if claim in SCHEMA:
+        assert SCHEMA[claim].policy != "refused"
+        assert list(SCHEMA[claim].aliases) == entry["facts"].get("aliases", [])
+
+
+def test_every_schema_field_has_an_entry():
+    assert sorted(k for k in SCHEMA if f"field:{k}" not in BY_ID) == []
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=schema_key)
+def test_schema_policy_matches_the_state(spec):
+    entry = BY_ID[f"field:{schema_key(spec)}"]
+    if spec.policy == "refused":
+        assert entry["state"] in ("deferred", "not_applicable")
+        assert entry["state"] != "deferred" or entry["issue"] == spec.issue
+    else:
+        assert entry["state"] in ("supported", "aliased", "by_design")
+    if spec.policy == "inert" and entry["state"] == "supported":
+        assert entry.get("notes"), "an inert field needs a note on why the reference is inert too"
+
+
+@pytest.mark.parametrize("entry", params(
+    lambda e: e["kind"] == "field" and e["state"] in ("deferred", "not_applicable")))
+def test_refused_field_names_itself(client, entry):
+    """No field is accepted and ignored: what is not done yet is a 400 naming it (and its issue);
+    what has no meaning here is a 400 with the manifest's diagnostic (its claim)."""
+    r = client.post("/completion", json=with_example(entry, GREEDY))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    name = entry["facts"]["name"]
+    if entry["state"] == "deferred":
+        assert error["message"] == (f"Field '{name}': not supported by mlxray yet "
+                                    f"(issue #{entry['issue']})")
+    else:
+        assert error["message"] == entry["claim"]
+
+
+@pytest.fixture(scope="module")
+def greedy_answer(base_url: str) -> dict:
+    r = httpx.post(base_url + "/completion", json=GREEDY, timeout=120)
+    assert r.status_code == 200
+    return r.json()
+
+
+@pytest.mark.parametrize("entry", params(checked_by("test_inert_field_changes_nothing")))
+def test_inert_field_changes_nothing(client, greedy_answer, entry):
+    claim = entry["claim"]
+    assert claim in SPECULATIVE_KEYS or SCHEMA[claim].policy == "inert"
+    r = client.post("/completion", json=with_example(entry, GREEDY))
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == greedy_answer["content"]
+    assert r.json()["tokens"] == greedy_answer["tokens"]
+
+
+def _echo(entry: dict) -> Any:
+    example = entry["facts"]["example"]
+    if entry["facts"]["name"] == "logit_bias":
+        return [{"bias": f32(bias), "token": token} for token, bias in example]
+    return f32(example) if entry["facts"]["type"] == "float" else example
+
+
+@pytest.mark.parametrize(
+    "entry", params(checked_by("test_honored_field_reaches_generation_settings")))
+def test_honored_field_reaches_generation_settings(client, entry):
+    assert SCHEMA[entry["claim"]].policy == "honored"
+    r = client.post("/completion", json=with_example(entry, {**GREEDY, "n_predict": 1}))
+    assert r.status_code == 200, r.text
+    assert r.json()["generation_settings"][entry["facts"]["name"]] == _echo(entry)
+
+
+def test_sse_ping_after_silence():
+    """sse_ping_interval: a ``:`` comment after that many seconds without a frame; -1 never."""
+    from deployments.routes.native import _with_pings
+
+    async def slow(delay: float):
+        await asyncio.sleep(delay)
+        yield b"data: late\n\n"
+
+    async def collect(interval: int, delay: float) -> list[bytes]:
+        return [c async for c in _with_pings(b"data: first\n\n", slow(delay), interval)]
+
+    assert asyncio.run(collect(1, 1.3)) == [b"data: first\n\n", b":\n\n", b"data: late\n\n"]
+    assert asyncio.run(collect(-1, 0.1)) == [b"data: first\n\n", b"data: late\n\n"]
+
+
+# ---- compat.check fails, naming the entry ----------------------------------------------------
+def _edit(folder: Path, entry_id: str, change: Callable[[dict], None]) -> None:
+    for shard in load(folder):
+        for entry in shard.entries:
+            if entry["id"] == entry_id:
+                change(entry)
+                shard.path.write_text(canonical_text(shard))
+                return
+    raise KeyError(entry_id)
+
+
+def _duplicate(folder: Path) -> None:
+    shard = load_shard(folder / "completion.json")
+    shard.entries.append(dict(BY_ID["route:GET /health"]))
+    shard.path.write_text(canonical_text(shard))
+
+
+def _reindent(folder: Path) -> None:
+    path = folder / "models-and-health.json"
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=4))
+
+
+# mode -> (how to break a copy of the manifest, what the error line names, what it says)
+BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
+    "test_pointer": (lambda f: _edit(f, "field:n_predict", lambda e: e.update(
+        test="tests/test_http.py::test_no_such_test")),
+        ["field:n_predict", "no test function test_no_such_test"]),
+    "test_file": (lambda f: _edit(f, "field:stream", lambda e: e.update(
+        test="tests/test_nowhere.py::test_x")), ["field:stream", "no file tests/test_nowhere.py"]),
+    "supported_without_claim": (lambda f: _edit(f, "field:stream", lambda e: e.pop("claim")),
+                                ["field:stream", "supported entry needs 'claim'"]),
+    "supported_with_divergence": (lambda f: _edit(f, "route:GET /health", lambda e: e.update(
+        divergence=["differs"])), ["route:GET /health", "must not have 'divergence'"]),
+    "by_design_without_rationale": (lambda f: _edit(f, "route:POST /completion",
+                                                    lambda e: e.pop("rationale")),
+                                    ["route:POST /completion",
+                                     "by_design entry needs 'rationale'"]),
+    "deferred_without_issue": (lambda f: _edit(f, "field:mirostat", lambda e: e.pop("issue")),
+                               ["field:mirostat", "deferred entry needs 'issue'"]),
+    "deferred_to_a_closed_issue": (lambda f: _edit(f, "field:mirostat", lambda e: e.update(
+        issue=1)), ["field:mirostat", "not an open issue"]),
+    "deferred_with_claim": (lambda f: _edit(f, "route:POST /infill",
+                                            lambda e: e.update(claim="POST /infill")),
+                            ["route:POST /infill", "deferred entry must not have 'claim'"]),
+    "not_applicable_without_notes": (lambda f: _edit(f, "field:mirostat", lambda e: (
+        e.update(state="not_applicable", claim="x"), e.pop("issue"))),
+        ["field:mirostat", "not_applicable entry needs 'notes'"]),
+    "unknown_state": (lambda f: _edit(f, "field:seed", lambda e: e.update(state="partial")),
+                      ["field:seed", "state 'partial'"]),
+    "id_not_from_facts": (lambda f: _edit(f, "field:seed", lambda e: e["facts"].update(
+        name="sead")), ["field:seed", "id must be 'field:sead'"]),
+    "duplicate_id": (_duplicate, ["route:GET /health", "id appears 2 times"]),
+    "count": (lambda f: _edit(f, "field:seed", lambda e: e.update(kind="route")),
+              ["pin.json", "73 field entries, expected 74"]),
+    "not_canonical": (_reindent, ["models-and-health.json", "not canonical"]),
+}
+
+
+@pytest.mark.parametrize("mode", list(BREAKS))
+def test_check_fails_naming_the_entry(tmp_path, mode):
+    folder = tmp_path / "b10621"
+    shutil.copytree(MANIFEST, folder)
+    breaks, expected = BREAKS[mode]
+    breaks(folder)
+    run = subprocess.run([sys.executable, "-m", "compat.check", str(folder)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert any(all(text in line for text in expected) for line in run.stderr.splitlines()), (
+        run.stderr)
+
+
+def test_no_capture_mlxray_differs_on_is_supported():
+    """The conformance replay's known differences: the routes they hit are not `supported`."""
+    from .test_conformance import CAPTURE_LIST, KNOWN_DIFFERENCES
+
+    for capture in CAPTURE_LIST:
+        probe = capture["probe"]
+        if probe["name"] in KNOWN_DIFFERENCES:
+            entry = BY_ID[f"route:{probe.get('method', 'POST')} {probe['path']}"]
+            assert entry["state"] != "supported", probe["name"]
