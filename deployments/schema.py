@@ -132,6 +132,7 @@ class Field:
     policy: str = "honored"
     parse: Callable[[Any, Any], Any] | None = None  # custom: (value, context) -> value
     issue: int | None = None  # for refused fields: the issue that will honor them
+    reason: str = ""  # for fields refused by design: why
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -356,7 +357,9 @@ FIELDS: tuple[Field, ...] = (
     Field("n_keep", "int32", hard=(-1, INT32_MAX), policy="inert"),
     Field("n_discard", "int32", hard=(0, INT32_MAX), policy="inert"),
     Field("n_cmpl", "int32", aliases=("n",)),  # hard limit [1, n_parallel] set at parse time
-    Field("n_cache_reuse", "int32", hard=(0, INT32_MAX), policy="refused", issue=3),
+    Field("n_cache_reuse", "int32", hard=(0, INT32_MAX), policy="refused",
+          reason="KV-shift chunk reuse is not available on MLX KV caches; the prefix cache "
+                 "reuses the longest common prefix"),
     Field("t_max_predict_ms", "int64", hard=(-1, INT64_MAX)),
     Field("response_fields", "custom", parse=_parse_response_fields),
     Field("top_k", "int32", soft=(0, INT32_MAX)),
@@ -373,22 +376,22 @@ FIELDS: tuple[Field, ...] = (
     Field("repeat_penalty", "float"),
     Field("frequency_penalty", "float"),
     Field("presence_penalty", "float"),
-    Field("dry_multiplier", "float", policy="refused", issue=3),
-    Field("dry_base", "float", policy="refused", issue=3),
-    Field("dry_allowed_length", "int32", hard=(0, INT32_MAX), policy="refused", issue=3),
-    Field("dry_penalty_last_n", "int32", hard=(0, INT32_MAX), policy="refused", issue=3),
-    Field("mirostat", "int32", soft=(0, 2), policy="refused", issue=3),
-    Field("mirostat_tau", "float", policy="refused", issue=3),
-    Field("mirostat_eta", "float", policy="refused", issue=3),
-    Field("adaptive_target", "float", soft=(-FLT_MAX, 1.0), policy="refused", issue=3),
-    Field("adaptive_decay", "float", hard=(0.0, 0.99), policy="refused", issue=3),
+    Field("dry_multiplier", "float"),
+    Field("dry_base", "float"),
+    Field("dry_allowed_length", "int32", hard=(0, INT32_MAX)),
+    Field("dry_penalty_last_n", "int32", hard=(0, INT32_MAX)),
+    Field("mirostat", "int32", soft=(0, 2)),
+    Field("mirostat_tau", "float"),
+    Field("mirostat_eta", "float"),
+    Field("adaptive_target", "float", soft=(-FLT_MAX, 1.0)),
+    Field("adaptive_decay", "float", hard=(0.0, 0.99)),
     Field("seed", "uint32", soft=(0, UINT32_MAX)),
     Field("n_probs", "int32", aliases=("logprobs",)),
     Field("min_keep", "int32", hard=(0, INT32_MAX)),
     Field("backend_sampling", "bool", policy="inert"),
-    Field("post_sampling_probs", "bool", policy="refused", issue=3),
+    Field("post_sampling_probs", "bool"),
     Field("lora", "custom", parse=_parse_lora, policy="inert"),
-    Field("dry_sequence_breakers", "custom", parse=_parse_breakers, policy="refused", issue=3),
+    Field("dry_sequence_breakers", "custom", parse=_parse_breakers),
     Field("json_schema", "custom", aliases=("grammar",), parse=_parse_any, policy="refused",
           issue=GRAMMAR_ISSUE),
     Field("grammar_lazy", "bool", policy="refused", issue=GRAMMAR_ISSUE),
@@ -520,10 +523,10 @@ def _refuse_unsupported(params: CompletionParams, defaults: CompletionParams) ->
             active = bool(params.grammar) or params.json_schema is not None
         else:
             active = not is_default(spec, params, defaults)
+        if active and spec.reason:
+            raise invalid(f"Field '{spec.name}': not supported by mlxray ({spec.reason})")
         if active:
             raise invalid(f"Field '{spec.name}': not supported by mlxray yet (issue #{spec.issue})")
-    if params.post_sampling_probs and params.n_probs > 0:
-        raise invalid("Field 'post_sampling_probs': not supported by mlxray yet (issue #3)")
 
 
 def _copy(value: Any) -> Any:

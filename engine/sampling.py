@@ -7,6 +7,7 @@ A ``Sampler`` maps the logits of one sequence, shape (1, vocab), to a token id a
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -154,21 +155,138 @@ def resolve_seed(seed: int) -> int:
     return random.getrandbits(32) if seed == RANDOM_SEED else seed
 
 
-def make_sampler(p: SamplingParams, seed: int) -> Sampler:
-    """Greedy when the temperature is 0 (llama.cpp keeps only the top logit), else the chain."""
+# ---- the final pick: dist, mirostat 1 and 2, adaptive-p --------------------------------------
+# A Picker draws the token from the filtered logits and also returns the candidates'
+# probabilities after sampling (what post_sampling_probs reports). State that feeds back from the
+# chosen token (mirostat's mu, adaptive-p's moving average) stays an MLX array: no host sync.
+Picker = Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]
+
+LN2 = math.log(2.0)
+ADAPTIVE_WIDTH, ADAPTIVE_PEAK, ADAPTIVE_SHARPNESS = 0.3, 5.0, 10.0
+
+
+def dist(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+    return mx.random.categorical(logits, axis=-1, key=key), mx.softmax(logits, axis=-1)
+
+
+def _chosen(values: mx.array, token: mx.array) -> mx.array:
+    return mx.take_along_axis(values, token[:, None], axis=-1)[:, 0]
+
+
+def mirostat_v1(tau: float, eta: float, n_vocab: int, m: int = 100) -> Picker:
+    """llama.cpp's mirostat: estimate the Zipf exponent from the top m candidates, keep the top k
+    that target the surprise mu, sample, then move mu by eta times the surprise error."""
+    state = {"mu": mx.array(2.0 * tau)}
+
+    def pick(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+        probs = mx.softmax(logits, axis=-1)
+        sorted_p = -mx.sort(-probs, axis=-1)
+        lim = max(1, min(m - 1, sorted_p.shape[-1] - 1))
+        i = mx.arange(lim, dtype=mx.float32)
+        t = mx.log((i + 2) / (i + 1))
+        b = mx.log(sorted_p[..., :lim] / sorted_p[..., 1 : lim + 1])
+        s_hat = mx.sum(t * b, axis=-1, keepdims=True) / mx.sum(t * t)
+        eps = s_hat - 1
+        k = mx.power(eps * mx.power(2.0, state["mu"]) / (1 - mx.power(float(n_vocab), -eps)),
+                     1 / s_hat)
+        k = mx.where((k >= 1) & (k < 2.0**31), mx.floor(k), 1.0)  # C's max(int(k), 1)
+        k = mx.minimum(k, sorted_p.shape[-1])
+        kth = mx.take_along_axis(sorted_p, (k.astype(mx.int32) - 1), axis=-1)
+        kept = mx.where(probs >= kth, logits, NEG_INF)
+        token = mx.random.categorical(kept, axis=-1, key=key)
+        final = mx.softmax(kept, axis=-1)
+        surprise = -mx.log2(_chosen(final, token))
+        state["mu"] = state["mu"] - eta * (surprise[0] - tau)
+        mx.async_eval(state["mu"])
+        return token, final
+
+    return pick
+
+
+def mirostat_v2(tau: float, eta: float) -> Picker:
+    """llama.cpp's mirostat v2: drop candidates whose surprise exceeds mu (keep at least one)."""
+    state = {"mu": mx.array(2.0 * tau)}
+
+    def pick(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top = mx.max(logp, axis=-1, keepdims=True)
+        keep = (-logp / LN2 <= state["mu"]) | (logp >= top)
+        kept = mx.where(keep, logits, NEG_INF)
+        token = mx.random.categorical(kept, axis=-1, key=key)
+        final = mx.softmax(kept, axis=-1)
+        surprise = -mx.log2(_chosen(final, token))
+        state["mu"] = state["mu"] - eta * (surprise[0] - tau)
+        mx.async_eval(state["mu"])
+        return token, final
+
+    return pick
+
+
+def adaptive_p(target: float, decay: float) -> Picker:
+    """llama.cpp's adaptive-p: reshape the distribution around an adapted target probability
+    (2 * target minus the moving average of the chosen tokens' original probabilities)."""
+    if target < 0:
+        return dist
+    decay = min(max(decay, 0.0), 0.99)
+    state = {"sum": mx.array(target / (1 - decay)), "weight": mx.array(1 / (1 - decay))}
+    goal = min(max(target, 0.0), 1.0)
+
+    def pick(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+        probs = mx.softmax(logits, axis=-1)
+        adapted = mx.clip(2 * goal - state["sum"] / state["weight"], 0.0, 1.0)
+        d = mx.abs(probs - adapted) / ADAPTIVE_WIDTH
+        shaped = mx.where(logits > NEG_INF, ADAPTIVE_PEAK - ADAPTIVE_SHARPNESS * d * d / (1 + d),
+                          NEG_INF)
+        token = mx.random.categorical(shaped, axis=-1, key=key)
+        state["sum"] = _chosen(probs, token)[0] + decay * state["sum"]
+        state["weight"] = 1 + decay * state["weight"]
+        mx.async_eval(state["sum"], state["weight"])
+        return token, mx.softmax(shaped, axis=-1)
+
+    return pick
+
+
+def make_sampler(p: SamplingParams, seed: int, n_vocab: int,
+                 record: Callable[[mx.array], None] | None = None) -> Sampler:
+    """Greedy when the temperature is 0 (llama.cpp keeps only the top logit), else the chain.
+
+    Mirostat replaces the whole chain with temperature then mirostat (llama.cpp's
+    common_sampler_init); ``adaptive_p`` in the sampler list replaces the final draw. ``record``
+    receives the candidates' probabilities after each draw (post_sampling_probs).
+    """
     if p.temperature <= 0.0:
         return greedy
     rng = random.Random(seed)
-    filters = make_filters(p, rng)
+    if p.mirostat:
+        filters: list[Filter] = [lambda logits: logits / p.temperature]
+        pick = (mirostat_v1(p.mirostat_tau, p.mirostat_eta, n_vocab) if p.mirostat == 1
+                else mirostat_v2(p.mirostat_tau, p.mirostat_eta))
+    else:
+        filters = make_filters(p, rng)
+        pick = adaptive_p(p.adaptive_target, p.adaptive_decay) if (
+            "adaptive_p" in p.samplers) else dist
     state = {"key": mx.random.key(seed)}
 
     def sample(logits: mx.array) -> mx.array:
         for f in filters:
             logits = f(logits)
         state["key"], sub = mx.random.split(state["key"])
-        return mx.random.categorical(logits, axis=-1, key=sub)
+        token, probs = pick(logits, sub)
+        if record is not None:
+            record(probs)
+        return token
 
     return sample
+
+
+def recorder(record: Callable[[mx.array], None]) -> LogitsProcessor:
+    """A first logits processor that hands its input, the raw logits, to ``record``."""
+
+    def apply(tokens: mx.array, logits: mx.array) -> mx.array:
+        record(logits)
+        return logits
+
+    return apply
 
 
 def logit_bias_processor(bias: list[tuple[int, float | None]], vocab_size: int) -> LogitsProcessor:
@@ -205,13 +323,140 @@ def penalties_processor(p: SamplingParams) -> LogitsProcessor:
     return apply
 
 
-def make_processors(p: SamplingParams, vocab_size: int) -> list[LogitsProcessor]:
+# ---- DRY (llama.cpp's "Don't Repeat Yourself", from koboldcpp) --------------------------------
+DRY_MAX_BREAKER_BYTES = 40
+DRY_MAX_TAIL_TOKENS = 20
+Breakers = dict[int, list[tuple[int, ...]]]  # head token -> token tails that complete a breaker
+
+
+def dry_breakers(pieces: list[bytes], tokenize: Callable[[str], list[int]],
+                 breakers: list[str]) -> Breakers:
+    """Every token whose piece contains a breaker (empty tail), or ends with the start of one
+    (the rest of the breaker, tokenized, as its tail): get_overlapping_token_sequences."""
+    table: Breakers = {}
+    for breaker in breakers:
+        word = breaker.encode()[:DRY_MAX_BREAKER_BYTES]
+        if not word:
+            continue
+        for tid, piece in enumerate(pieces):
+            tails = table.setdefault(tid, [])
+            if word in piece:
+                if () not in tails:
+                    tails.append(())
+                continue
+            pos = piece.find(word[:1])
+            while pos >= 0:
+                n = min(len(word), len(piece) - pos)
+                if piece[pos : pos + n] == word[:n]:
+                    rest = word[n:].decode("utf-8", "ignore")
+                    tail = tuple(tokenize(rest)[:DRY_MAX_TAIL_TOKENS])
+                    if tail not in tails:
+                        tails.append(tail)
+                pos = piece.find(word[:1], pos + 1)
+            if not tails:
+                del table[tid]
+    return table
+
+
+def _dry_repeat_limit(last: list[int], breakers: Breakers) -> int:
+    """How far back a repeat may reach: up to the most recent sequence breaker."""
+    n = len(last)
+    for i in range(n):
+        tails = breakers.get(last[n - 1 - i])
+        if not tails:
+            continue
+        longest = -1
+        for tail in tails:
+            if longest < len(tail) <= i and all(
+                tail[k] == last[n - 1 - (i - k - 1)] for k in range(len(tail))
+            ):
+                longest = len(tail)
+        if longest >= 0:
+            return i - longest
+    return n
+
+
+def dry_penalties(last: list[int], multiplier: float, base: float, allowed_length: int,
+                  breakers: Breakers) -> dict[int, float]:
+    """The DRY penalty per token that would extend a repeat of at least ``allowed_length``
+    tokens of ``last`` (the penalty window, oldest first): multiplier * base^(len - allowed)."""
+    n = len(last)
+    if n <= allowed_length:
+        return {}
+    limit = _dry_repeat_limit(last, breakers)
+    if limit < allowed_length:
+        return {}
+    rev = last[::-1]  # rev[0] is the newest token
+    # z[k]: how many tokens ending k steps back match the tokens at the end (reverse Z-algorithm)
+    z = [0] * n
+    left = right = 0
+    for k in range(1, n):
+        if k > right:
+            m = 0
+            while k + m < n and rev[m] == rev[k + m]:
+                m += 1
+            z[k] = m
+            if m > 0:
+                left, right = k, k + m - 1
+        elif z[k - left] < right - k + 1:
+            z[k] = z[k - left]
+        else:
+            i = right + 1
+            while i < n and rev[i] == rev[i - k]:
+                i += 1
+            z[k] = i - k
+            left, right = k, i - 1
+    longest: dict[int, int] = {}
+    for k in range(1, n):
+        length = min(z[k], limit)
+        if length >= allowed_length:
+            token = rev[k - 1]  # the token that followed that earlier occurrence
+            longest[token] = max(longest.get(token, 0), length)
+    max_exponent = int(88.7228391 / math.log(base)) if base > 1.000001 else 0
+    out: dict[int, float] = {}
+    for token, length in longest.items():
+        if () in breakers.get(token, ()):
+            continue  # a single-token breaker is never penalized
+        exponent = length - allowed_length
+        if max_exponent > 0:
+            exponent = min(exponent, max_exponent)
+        out[token] = multiplier * base**exponent
+    return out
+
+
+def dry_processor(p: SamplingParams, breakers: Breakers) -> LogitsProcessor:
+    last_n = p.dry_penalty_last_n
+
+    def apply(tokens: mx.array, logits: mx.array) -> mx.array:
+        window = tokens[-last_n:].tolist()
+        penalties = dry_penalties(window, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                  breakers)
+        if not penalties:
+            return logits
+        ids = mx.array(list(penalties), dtype=mx.int32)
+        values = mx.array(list(penalties.values()), dtype=mx.float32)
+        dense = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[ids].add(values)
+        return logits - dense.astype(logits.dtype)
+
+    return apply
+
+
+def dry_active(p: SamplingParams) -> bool:
+    return (p.mirostat == 0 and "dry" in p.samplers and p.dry_multiplier != 0.0
+            and p.dry_base >= 1.0 and p.dry_penalty_last_n > 0)
+
+
+def make_processors(p: SamplingParams, vocab_size: int,
+                    breakers: Breakers | None = None) -> list[LogitsProcessor]:
+    """logit_bias, then penalties and DRY (mirostat drops the sampler list, so both)."""
     processors: list[LogitsProcessor] = []
     if p.logit_bias:
         processors.append(logit_bias_processor(p.logit_bias, vocab_size))
     penalties_active = p.repeat_last_n > 0 and (
         p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
     )
-    if "penalties" in p.samplers and penalties_active:
+    if p.mirostat == 0 and "penalties" in p.samplers and penalties_active:
         processors.append(penalties_processor(p))
+    if dry_active(p):
+        processors.append(dry_processor(p, breakers or {}))
     return processors

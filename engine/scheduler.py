@@ -16,13 +16,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 
 from .model import LoadedModel
 from .prefix_cache import PrefixCache
-from .sampling import make_processors, make_sampler, resolve_seed
+from .sampling import (
+    Breakers,
+    dry_active,
+    dry_breakers,
+    make_processors,
+    make_sampler,
+    recorder,
+    resolve_seed,
+)
 from .text import TextState
 from .types import (
     EngineError,
@@ -31,6 +40,7 @@ from .types import (
     FinalEvent,
     GenerationRequest,
     ProgressEvent,
+    SamplingParams,
     Timings,
     TokenEvent,
     TokenProb,
@@ -73,6 +83,9 @@ class Task:
     n_gen: int = 0
     tokens: list[int] = field(default_factory=list)
     probs: list[TokenProbs] = field(default_factory=list)
+    # what the sampling chain recorded for the tokens in flight, oldest first: the raw logits
+    # (pre-sampling probabilities) or the candidates' probabilities after the draw
+    recorded: deque = field(default_factory=deque)
     t_start: float = 0.0
     t_prompt: float = 0.0
     t_first: float = 0.0
@@ -120,6 +133,11 @@ class Engine:
         self._dirty: dict[int, Group] = {}
         self.error: BaseException | None = None
         self.counters = {"n_decode_total": 0, "n_busy_slots_total": 0, "requests": 0}
+        self._breakers = lru_cache(maxsize=16)(self._dry_breakers)
+
+    def _dry_breakers(self, breakers: tuple[str, ...]) -> Breakers:
+        tokenize = lambda text: self.vocab.tokenize(text, False, False)  # noqa: E731
+        return dry_breakers(self.vocab.special_pieces, tokenize, list(breakers))
 
     # ---- public, thread-safe -------------------------------------------------------------
     def start(self) -> None:
@@ -296,16 +314,30 @@ class Engine:
         task.n_cache = n_reused
         if req.return_progress and req.stream:
             self._emit(task, self._progress(task, n_reused))
-        sampling = req.sampling
+        sampler, processors = self._chain(task)
         uid = self._bg.insert(
             [prompt[n_reused:]],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(prompt[:n_reused])],
-            samplers=[make_sampler(sampling, task.seed)],
-            logits_processors=[make_processors(sampling, self.vocab.n_vocab)],
+            samplers=[sampler],
+            logits_processors=[processors],
         )[0]
         task.uid = uid
         self._by_uid[uid] = task
+
+    def _chain(self, task: Task) -> tuple[Callable, list]:
+        """The sequence's sampler and logits processors. With n_probs, a first processor records
+        the raw logits, or the sampler records the candidates after the draw (post-sampling)."""
+        sampling = task.req.sampling
+        breakers = self._breakers(tuple(sampling.dry_sequence_breakers)) if (
+            dry_active(sampling)) else None
+        processors = make_processors(sampling, self.vocab.n_vocab, breakers)
+        record = None
+        if sampling.n_probs > 0 and sampling.post_sampling_probs:
+            record = task.recorded.append
+        elif sampling.n_probs > 0:
+            processors.insert(0, recorder(task.recorded.append))
+        return make_sampler(sampling, task.seed, self.vocab.n_vocab, record), processors
 
     def _progress(self, task: Task, processed: int) -> ProgressEvent:
         now = time.perf_counter()
@@ -345,7 +377,7 @@ class Engine:
             if task is None:
                 continue
             try:
-                self._on_token(task, r.token, r.logprobs)
+                self._on_token(task, r.token)
             except Exception as exc:  # one bad sequence fails alone
                 log.exception("token processing failed")
                 task.group.sink([ErrorEvent(task.req.index, 500, f"got exception: {exc}",
@@ -358,9 +390,10 @@ class Engine:
         for task in finished:
             self._retire(task, emit=task.stop_type != "error")
 
-    def _on_token(self, task: Task, token: int, logprobs: mx.array) -> None:
+    def _on_token(self, task: Task, token: int) -> None:
         """llama.cpp's process_token: text, stop word, limits, n_indent, time limit, EOG."""
         req = task.req
+        recorded = task.recorded.popleft() if task.recorded else None
         now = time.perf_counter()
         task.n_gen += 1
         if task.n_gen == 1:
@@ -373,7 +406,7 @@ class Engine:
         if task.text.stopping_word is not None:
             task.stop_type = "word"
         if complete:
-            probs = self._probs(token, sent, logprobs, req.sampling.n_probs) if (
+            probs = self._probs(token, sent, recorded, req.sampling) if (
                 req.sampling.n_probs > 0) else None
             if probs is not None:
                 task.probs.append(probs)
@@ -394,16 +427,29 @@ class Engine:
         if is_eog:
             task.stop_type = "eos"
 
-    def _probs(self, token: int, sent: bytes, logprobs: mx.array, n: int) -> TokenProbs:
-        n = min(n, logprobs.shape[-1])
-        top_ids = mx.argpartition(-logprobs, n - 1)[:n]
-        top_vals = logprobs[top_ids]
-        order = mx.argsort(-top_vals)
-        top_ids, top_vals = top_ids[order].tolist(), top_vals[order].tolist()
+    def _probs(self, token: int, sent: bytes, recorded: mx.array | None,
+               sampling: SamplingParams) -> TokenProbs:
+        if sampling.post_sampling_probs:
+            return self._post_sampling_probs(token, sent, recorded, sampling.n_probs)
+        logprobs = recorded.reshape(-1).astype(mx.float32)
+        logprobs = logprobs - mx.logsumexp(logprobs)
+        top_ids, top_vals = _top(logprobs, sampling.n_probs)
         chosen = logprobs[token].item()
         top = [TokenProb(i, self.vocab.piece(i), v) for i, v in zip(top_ids, top_vals)]
         return TokenProbs(token, sent, chosen if chosen > float("-inf") else -3.4028234663852886e38,
                           top)
+
+    def _post_sampling_probs(self, token: int, sent: bytes, recorded: mx.array | None,
+                             n: int) -> TokenProbs:
+        """The candidates after the draw, most likely first, cut at the first zero; greedy
+        sampling leaves one candidate."""
+        if recorded is None:  # the shared greedy path records nothing: its one candidate
+            return TokenProbs(token, sent, 1.0, [TokenProb(token, self.vocab.piece(token), 1.0)])
+        probs = recorded.reshape(-1).astype(mx.float32)
+        top_ids, top_vals = _top(probs, n)
+        top = [TokenProb(i, self.vocab.piece(i), v)
+               for i, v in itertools.takewhile(lambda c: c[1] > 0.0, zip(top_ids, top_vals))]
+        return TokenProbs(token, sent, probs[token].item(), top)
 
     def _retire(self, task: Task, emit: bool = True) -> None:
         """Leave the batch, keep the KV cache for reuse, free the slot, send the final event."""
@@ -492,6 +538,15 @@ def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
             n_prompt_tokens=n,
             n_ctx=n_ctx,
         )
+
+
+def _top(values: mx.array, n: int) -> tuple[list[int], list[float]]:
+    """The ``n`` largest values of a vector, largest first, with their indices."""
+    n = min(n, values.shape[-1])
+    ids = mx.argpartition(-values, n - 1)[:n]
+    order = mx.argsort(-values[ids])
+    ids = ids[order]
+    return ids.tolist(), values[ids].tolist()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
