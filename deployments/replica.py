@@ -45,6 +45,7 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 timings_per_token=params.timings_per_token,
                 id_slot=params.id_slot if j == 0 else -1,
                 index=p * n + j,
+                child=j > 0,
             ))
     return out
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from engine.types import ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
+from engine.types import ErrorEvent, FinalEvent, ProgressEvent, StartEvent, TokenEvent
 
 from .config import GraphArgs
 from .errors import ApiError
@@ -45,13 +45,17 @@ class ResponseShaper:
 
     async def stream(self, params: CompletionParams,
                      prompts: list[list[int]]) -> AsyncIterator[bytes | tuple[int, bytes]]:
-        """SSE bytes, one chunk per batch of events. If the request fails before its first frame,
-        the only item is (status, JSON error body): the reference then answers plain JSON."""
+        """SSE bytes, one chunk per batch of events. If the request fails before a slot took it,
+        the only item is (status, JSON error body): the reference then answers plain JSON. Once a
+        sequence has started, errors are frames."""
         started = False
         async for batch in self._events(params, prompts):
             chunks: list[bytes] = []
             for ev in batch:
-                if isinstance(ev, TokenEvent):
+                if isinstance(ev, StartEvent):
+                    started = True
+                    chunks.append(start_marker(ev.index, params))
+                elif isinstance(ev, TokenEvent):
                     chunks.append(sse(token_frame(ev, params)))
                 elif isinstance(ev, ProgressEvent):
                     chunks.append(sse(progress_frame(ev)))
@@ -68,3 +72,10 @@ class ResponseShaper:
             if chunks:
                 started = True
                 yield b"".join(chunks)
+
+
+def start_marker(index: int, p: CompletionParams) -> bytes:
+    """The reference consumes the first task's start marker; a later prompt's is sent as the
+    literal ``data: null`` (n_cmpl children have none, progress frames replace them)."""
+    later_prompt = index > 0 and index % p.n_cmpl == 0
+    return b"data: null\n\n" if later_prompt and not p.return_progress else b""

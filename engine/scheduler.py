@@ -8,6 +8,7 @@ llama.cpp's stop rules, and hands each group the events of that step in one call
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import queue
@@ -32,8 +33,9 @@ from .sampling import (
     recorder,
     resolve_seed,
 )
-from .text import TextState
+from .text import TextState, first_invalid_utf8
 from .types import (
+    BAD_OUTPUT_MESSAGE,
     EngineError,
     EngineEvent,
     ErrorEvent,
@@ -41,6 +43,7 @@ from .types import (
     GenerationRequest,
     ProgressEvent,
     SamplingParams,
+    StartEvent,
     Timings,
     TokenEvent,
     TokenProb,
@@ -92,13 +95,17 @@ class Task:
     t_last: float = 0.0
     stop_type: str | None = None
     truncated: bool = False
+    # n_cmpl: a child runs on a copy of its parent's evaluated prompt and reports its timings
+    parent: Task | None = None
+    children: list[Task] = field(default_factory=list)
 
     def timings(self) -> Timings:
         predicted_ms = max(1e-3, (self.t_last - self.t_first) * 1e3) if self.n_gen else 0.0
+        src = self.parent or self
         return Timings(
-            cache_n=self.n_cache,
-            prompt_n=self.n_prompt - self.n_cache,
-            prompt_ms=max(0.0, (self.t_prompt - self.t_start) * 1e3) if self.t_prompt else 0.0,
+            cache_n=src.n_cache,
+            prompt_n=src.n_prompt - src.n_cache,
+            prompt_ms=max(0.0, (src.t_prompt - src.t_start) * 1e3) if src.t_prompt else 0.0,
             predicted_n=self.n_gen,
             predicted_ms=predicted_ms,
         )
@@ -282,8 +289,15 @@ class Engine:
             self._waiting.popleft()
             for task in group.tasks[len(chosen):]:
                 chosen.append(self._pick_slot(free, task.req.prompt_tokens))
+            parent = None
             for task, slot in zip(group.tasks, chosen):
-                self._launch(task, slot)
+                if task.req.child and parent is not None:
+                    self._reserve(task, slot, parent)
+                else:
+                    parent = task
+            for task, slot in zip(group.tasks, chosen):
+                if task.parent is None:
+                    self._launch(task, slot)
 
     @staticmethod
     def _pick_slot(free: list[Slot], prompt: list[int]) -> Slot:
@@ -298,6 +312,15 @@ class Engine:
         free.remove(best)
         return best
 
+    def _reserve(self, child: Task, slot: Slot, parent: Task) -> None:
+        """Hold a slot for an n_cmpl child until its parent has evaluated the prompt."""
+        slot.task = child
+        child.slot = slot
+        child.parent = parent
+        parent.children.append(child)
+        child.n_prompt = len(child.req.prompt_tokens)
+        slot.last_tokens = list(child.req.prompt_tokens)
+
     def _launch(self, task: Task, slot: Slot) -> None:
         req = task.req
         slot.task = task
@@ -308,22 +331,42 @@ class Engine:
         slot.last_tokens = list(prompt)
         if not prompt:
             task.stop_type = "none"
-            self._retire(task)
+            for child in [task, *task.children]:
+                self._retire(child)
             return
         cache, n_reused = self.prefix_cache.lookup(prompt) if req.cache_prompt else (None, 0)
         task.n_cache = n_reused
+        if req.stream:
+            self._emit(task, StartEvent(req.index))
         if req.return_progress and req.stream:
             self._emit(task, self._progress(task, n_reused))
+        if task.children and n_reused >= len(prompt) - 1:
+            self._start_children(task, cache)  # nothing to prefill but the last token
+        self._insert(task, prompt[n_reused:], cache, prompt[:n_reused])
+
+    def _insert(self, task: Task, tokens: list[int], cache: list | None,
+                context: list[int]) -> None:
         sampler, processors = self._chain(task)
         uid = self._bg.insert(
-            [prompt[n_reused:]],
+            [tokens],
             caches=[cache] if cache is not None else None,
-            all_tokens=[list(prompt[:n_reused])],
+            all_tokens=[list(context)],
             samplers=[sampler],
             logits_processors=[processors],
         )[0]
         task.uid = uid
         self._by_uid[uid] = task
+
+    def _start_children(self, parent: Task, cache: list | None) -> None:
+        """Each child continues from a copy of the parent's KV cache of the prompt but its last
+        token (llama.cpp copies the parent's sequence into the child slots)."""
+        prompt = parent.req.prompt_tokens
+        for child in parent.children:
+            child.t_start = time.perf_counter()
+            child.n_cache = len(prompt) - 1
+            self._insert(child, prompt[-1:], copy.deepcopy(cache) if cache else None,
+                         prompt[:-1])
+        parent.children = []
 
     def _chain(self, task: Task) -> tuple[Callable, list]:
         """The sequence's sampler and logits processors. With n_probs, a first processor records
@@ -366,7 +409,14 @@ class Engine:
             if task is None:
                 continue
             done, total = r.progress
+            if task.parent is not None:  # a child's one token: its prompt was its parent's
+                if task.req.return_progress and task.req.stream and r.end_of_prompt:
+                    self._emit(task, self._progress(task, task.n_prompt))
+                continue
             task.t_prompt = time.perf_counter()
+            if task.children and not r.end_of_prompt and done == total - 1:
+                cache, _ = self._bg.extract_cache([task.uid])[task.uid]
+                self._start_children(task, cache)
             if task.req.return_progress and task.req.stream:
                 # BatchGenerator feeds the last prompt token apart; report the reference's chunks
                 if r.end_of_prompt or done < total - 1 or done % self.config.n_batch == 0:
@@ -410,6 +460,10 @@ class Engine:
                 req.sampling.n_probs > 0) else None
             if probs is not None:
                 task.probs.append(probs)
+            if req.stream and first_invalid_utf8(task.text.generated) == 0:
+                task.stop_type = "error"  # the reference's partial parse fails at offset 0
+                self._emit(task, ErrorEvent(req.index, 500, BAD_OUTPUT_MESSAGE, "server_error"))
+                return
             if req.stream:
                 timings = task.timings() if (req.timings_per_token or task.stop_type) else None
                 self._emit(task, TokenEvent(req.index, token, sent.decode("utf-8", "replace"),
@@ -466,7 +520,11 @@ class Engine:
             slot.last_used = time.perf_counter()
             slot.last_tokens = task.req.prompt_tokens + task.tokens[:-1]
         if emit and not task.group.cancelled:
-            self._emit(task, self._final(task))
+            if first_invalid_utf8(task.text.generated) is not None:
+                self._emit(task, ErrorEvent(task.req.index, 500, BAD_OUTPUT_MESSAGE,
+                                            "server_error"))
+            else:
+                self._emit(task, self._final(task))
 
     def _final(self, task: Task) -> FinalEvent:
         text = task.text

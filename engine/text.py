@@ -25,6 +25,17 @@ def utf8_incomplete_tail(buf: bytes | bytearray) -> bool:
     return False
 
 
+def first_invalid_utf8(buf: bytes | bytearray) -> int | None:
+    """Where ``buf`` stops being valid UTF-8; an incomplete trailing sequence is tolerated."""
+    try:
+        bytes(buf).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.end == len(buf) and utf8_incomplete_tail(buf):
+            return None
+        return exc.start
+    return None
+
+
 def find_partial_stop(text: bytes, word: bytes) -> int:
     """Where ``text`` ends with a prefix of ``word`` (llama.cpp's string_find_partial_stop).
 

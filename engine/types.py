@@ -76,6 +76,7 @@ class GenerationRequest:
     timings_per_token: bool = False
     id_slot: int = -1
     index: int = 0
+    child: bool = False  # an n_cmpl child: shares the prompt evaluated by the request before it
 
 
 @dataclass(slots=True)
@@ -104,6 +105,13 @@ class TokenProbs:
     text: bytes  # the text actually sent for this step
     logprob: float
     top: list[TokenProb]
+
+
+@dataclass(slots=True)
+class StartEvent:
+    """A streamed sequence got its slot (llama.cpp's start marker)."""
+
+    index: int
 
 
 @dataclass(slots=True)
@@ -156,7 +164,14 @@ class ErrorEvent:
     extra: dict = field(default_factory=dict)
 
 
-EngineEvent = ProgressEvent | TokenEvent | FinalEvent | ErrorEvent
+EngineEvent = StartEvent | ProgressEvent | TokenEvent | FinalEvent | ErrorEvent
+
+
+# llama-server runs every result through the chat parser; invalid UTF-8 fails its Content-only
+# grammar (spec §5.10)
+BAD_OUTPUT_MESSAGE = (
+    "The model produced output that does not match the expected Content-only format"
+)
 
 
 class EngineError(Exception):
