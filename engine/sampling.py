@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import mlx.core as mx
 
@@ -63,11 +64,16 @@ def min_p_filter(p: float, min_keep: int) -> Filter:
     return apply
 
 
+def _entropy(probs: mx.array, logp: mx.array) -> mx.array:
+    """Shannon entropy over the candidates left (0 * -inf counts as 0)."""
+    return -mx.sum(mx.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+
+
 def typical_filter(p: float, min_keep: int) -> Filter:
     def apply(logits: mx.array) -> mx.array:
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         probs = mx.exp(logp)
-        entropy = -mx.nansum(probs * logp, axis=-1, keepdims=True)
+        entropy = _entropy(probs, logp)
         shift = mx.abs(-logp - entropy)
         order = mx.argsort(shift, axis=-1)
         sorted_probs = mx.take_along_axis(probs, order, axis=-1)
@@ -120,7 +126,7 @@ def temperature_filter(temp: float, dyn_range: float, exponent: float) -> Filter
         def dynamic(logits: mx.array) -> mx.array:
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             probs = mx.exp(logp)
-            entropy = -mx.nansum(probs * logp, axis=-1, keepdims=True)
+            entropy = _entropy(probs, logp)
             n_finite = mx.sum(logits > NEG_INF, axis=-1, keepdims=True)
             max_entropy = mx.log(mx.maximum(n_finite, 2).astype(mx.float32))
             t = lo + (hi - lo) * mx.power(entropy / max_entropy, exponent)
@@ -246,17 +252,39 @@ def adaptive_p(target: float, decay: float) -> Picker:
     return pick
 
 
+# Filters that can drop the most likely candidate: they still matter before a zero temperature.
+TOP_DROPPING = ("xtc", "typ_p")
+
+
+def zero_temperature(p: SamplingParams, rng: random.Random) -> Sampler:
+    """A zero temperature keeps only the top candidate where the chain reaches it: the shared
+    greedy sampler, unless a filter before it can drop the top candidate."""
+    if p.mirostat:
+        return greedy
+    before = p.samplers[: p.samplers.index("temperature")]
+    filters = make_filters(replace(p, samplers=[n for n in before if n in TOP_DROPPING]), rng)
+    if not filters:
+        return greedy
+
+    def sample(logits: mx.array) -> mx.array:
+        for f in filters:
+            logits = f(logits)
+        return greedy(logits)
+
+    return sample
+
+
 def make_sampler(p: SamplingParams, seed: int, n_vocab: int,
                  record: Callable[[mx.array], None] | None = None) -> Sampler:
-    """Greedy when the temperature is 0 (llama.cpp keeps only the top logit), else the chain.
+    """The chain in ``p.samplers`` order, then the draw; see zero_temperature for greedy.
 
     Mirostat replaces the whole chain with temperature then mirostat (llama.cpp's
     common_sampler_init); ``adaptive_p`` in the sampler list replaces the final draw. ``record``
     receives the candidates' probabilities after each draw (post_sampling_probs).
     """
-    if p.temperature <= 0.0:
-        return greedy
     rng = random.Random(seed)
+    if p.temperature <= 0.0 and (p.mirostat or "temperature" in p.samplers):
+        return zero_temperature(p, rng)
     if p.mirostat:
         filters: list[Filter] = [lambda logits: logits / p.temperature]
         pick = (mirostat_v1(p.mirostat_tau, p.mirostat_eta, n_vocab) if p.mirostat == 1

@@ -160,3 +160,24 @@ def test_seed_determinism_at_temperature():
     params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
     assert draws(params, logits_for(FLAT), seed=9) == draws(params, logits_for(FLAT), seed=9)
     assert draws(params, logits_for(FLAT), seed=9) != draws(params, logits_for(FLAT), seed=10)
+
+
+def test_zero_temperature_is_greedy_after_filters_that_drop_the_top():
+    assert set(draws(SamplingParams(temperature=0.0), logits_for(FLAT))) == {0}
+    xtc = SamplingParams(temperature=0.0, xtc_probability=1.0, xtc_threshold=0.12)
+    assert set(draws(xtc, logits_for(FLAT))) == {2}  # the least likely above the threshold
+    unlisted = SamplingParams(temperature=0.0, samplers=["top_k"], top_k=0)  # never applied
+    assert len(set(draws(unlisted, logits_for(FLAT)))) > 1
+
+
+def test_typical_and_dynamic_temperature_filters():
+    from engine.sampling import temperature_filter, typical_filter
+
+    logits = logits_for([0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0])
+    kept = typical_filter(0.2, 0)(logits)[0].tolist()
+    assert [i for i, v in enumerate(kept) if v > float("-inf")] == [1]  # nearest the entropy
+    flat, peaked = logits_for([0.125] * 8), logits_for(PEAKED)
+    # the temperature grows with the entropy: a flat distribution gets the highest one
+    t_flat = (flat / temperature_filter(1.0, 0.5, 1.0)(flat))[0, 0].item()
+    t_peaked = (peaked / temperature_filter(1.0, 0.5, 1.0)(peaked))[0, 0].item()
+    assert t_flat == pytest.approx(1.5, rel=1e-4) and 0.5 < t_peaked < 1.0
