@@ -4,13 +4,12 @@ is a response shape are proven by a capture replay or a focused test, named in t
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import json
 from dataclasses import dataclass, field
 
 import pytest
 
-from deployments.routes.native import _with_pings
 from deployments.schema import FIELDS, SPECULATIVE_KEYS
 from engine.types import BAD_OUTPUT_MESSAGE
 
@@ -52,7 +51,7 @@ TABLE: dict[str, Case] = {
     "cache_prompt": case("honored", {}, proof="capture:cache_repeat"),
     "return_tokens": case("honored", {}, proof="capture:return_tokens"),
     "return_progress": case("honored", {}, proof="capture:stream_progress"),
-    "sse_ping_interval": case("honored", {}, proof="test:test_sse_ping_interval_sends_comments"),
+    "sse_ping_interval": case("honored", {}, proof="test:test_compat.test_sse_ping_after_silence"),
     "n_predict": case("honored", {"n_predict": 3}),
     "n_indent": case("honored", {}, proof="test:test_n_indent_stops_on_real_output"),
     "n_keep": case("inert", {"n_keep": 4}),
@@ -114,10 +113,10 @@ TABLE: dict[str, Case] = {
     "continue_final_message": case("inert", {"continue_final_message": True}),
     "echo": case("inert", {"echo": True}),
     "reasoning_control": case("inert", {"reasoning_control": {"enabled": False}}),
-    "reasoning_budget_tokens": case("inert", {"reasoning_budget_tokens": 10}),
-    "reasoning_budget_start_tag": case("inert", {"reasoning_budget_start_tag": "<think>"}),
-    "reasoning_budget_end_tags": case("inert", {"reasoning_budget_end_tags": ["</think>"]}),
-    "reasoning_budget_message": case("inert", {"reasoning_budget_message": "stop"}),
+    "reasoning_budget_tokens": case("refused", {"reasoning_budget_tokens": 10}),
+    "reasoning_budget_start_tag": case("refused", {"reasoning_budget_start_tag": "<think>"}),
+    "reasoning_budget_end_tags": case("refused", {"reasoning_budget_end_tags": ["</think>"]}),
+    "reasoning_budget_message": case("refused", {"reasoning_budget_message": "stop"}),
     **{key: case("inert", {key: 4}) for key in SPECULATIVE_KEYS},
 }
 
@@ -174,7 +173,9 @@ def test_named_proof_exists(name):
         names = {c["probe"]["name"] for c in load_captures(CAPTURES)}
         assert target in names  # replayed by tests/test_conformance.py
     else:
-        assert callable(globals().get(target)), target
+        module, _, function = target.rpartition(".")
+        scope = vars(importlib.import_module(f"tests.{module}")) if module else globals()
+        assert callable(scope.get(function)), target
 
 
 # ---- focused tests --------------------------------------------------------------------------
@@ -289,18 +290,6 @@ def test_invalid_utf8_output(client, lone_byte_token):
         events = sse_events(r.read().decode())
     assert events == [{"error": {"code": 500, "message": BAD_OUTPUT_MESSAGE,
                                  "type": "server_error"}}]
-
-
-def test_sse_ping_interval_sends_comments():
-    async def slow():
-        await asyncio.sleep(1.3)
-        yield b"data: {}\n\n"
-
-    async def collect(interval: int) -> list[bytes]:
-        return [chunk async for chunk in _with_pings(None, slow(), interval)]
-
-    assert asyncio.run(collect(1)) == [b":\n\n", b"data: {}\n\n"]
-    assert asyncio.run(collect(-1)) == [b"data: {}\n\n"]
 
 
 def test_cases_are_real():
