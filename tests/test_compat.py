@@ -255,6 +255,8 @@ def _reindent(folder: Path) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()), indent=4))
 
 
+DEFERRED = "field:reasoning_budget_tokens"  # a deferred entry to break
+
 # mode -> (how to break a copy of the manifest, what the error line names, what it says)
 BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "test_pointer": (lambda f: _edit(f, "field:n_predict", lambda e: e.update(
@@ -270,16 +272,16 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
                                                     lambda e: e.pop("rationale")),
                                     ["route:POST /completion",
                                      "by_design entry needs 'rationale'"]),
-    "deferred_without_issue": (lambda f: _edit(f, "field:mirostat", lambda e: e.pop("issue")),
-                               ["field:mirostat", "deferred entry needs 'issue'"]),
-    "deferred_to_a_closed_issue": (lambda f: _edit(f, "field:mirostat", lambda e: e.update(
-        issue=1)), ["field:mirostat", "not an open issue"]),
+    "deferred_without_issue": (lambda f: _edit(f, DEFERRED, lambda e: e.pop("issue")),
+                               [DEFERRED, "deferred entry needs 'issue'"]),
+    "deferred_to_a_closed_issue": (lambda f: _edit(f, DEFERRED, lambda e: e.update(issue=1)),
+                                   [DEFERRED, "not an open issue"]),
     "deferred_with_claim": (lambda f: _edit(f, "route:POST /infill",
                                             lambda e: e.update(claim="POST /infill")),
                             ["route:POST /infill", "deferred entry must not have 'claim'"]),
-    "not_applicable_without_notes": (lambda f: _edit(f, "field:mirostat", lambda e: (
-        e.update(state="not_applicable", claim="x"), e.pop("issue"))),
-        ["field:mirostat", "not_applicable entry needs 'notes'"]),
+    "not_applicable_without_notes": (lambda f: _edit(f, DEFERRED, lambda e: (
+        e.update(state="not_applicable", claim="x"), e.pop("issue"), e.pop("notes", None))),
+        [DEFERRED, "not_applicable entry needs 'notes'"]),
     "unknown_state": (lambda f: _edit(f, "field:seed", lambda e: e.update(state="partial")),
                       ["field:seed", "state 'partial'"]),
     "id_not_from_facts": (lambda f: _edit(f, "field:seed", lambda e: e["facts"].update(
