@@ -137,3 +137,17 @@ def test_progress_events_per_chunk(engine):
     # llama.cpp: one frame at the start, then one per n_batch chunk, the last at the total
     assert [p.processed for p in progress] == [0, *range(16, total, 16), total]
     assert all(p.total == total for p in progress)
+
+
+def test_n_cmpl_children_share_the_parents_prompt(engine):
+    """The parent reads the prompt once; its children start from a copy of its KV cache (greedy
+    children equal it), and all report the parent's prompt timings."""
+    tokens = engine.vocab.tokenize("def shared(a, b):\n    return a * b\n" * 3, add_special=True)
+    requests = [GenerationRequest(tokens, SamplingParams(temperature=0.0), n_predict=6,
+                                  cache_prompt=False, index=j, child=j > 0) for j in range(4)]
+    with engine._bg.stats() as stats:
+        results = finals(run(engine, *requests))
+    assert stats.prompt_tokens == len(tokens) - 1  # prefilled once (the last token is decoded)
+    assert len({tuple(r.tokens) for r in results.values()}) == 1
+    assert len({(r.timings.cache_n, r.timings.prompt_n, r.timings.prompt_ms)
+                for r in results.values()}) == 1
