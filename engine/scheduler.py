@@ -131,7 +131,8 @@ class Engine:
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
         self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
         self._inbox: queue.Queue = queue.Queue()
-        self._waiting: deque[Group] = deque()
+        # admission units in arrival order: one prompt with its n_cmpl children, admitted at once
+        self._waiting: deque[list[Task]] = deque()
         self._by_uid: dict[int, Task] = {}
         self._group_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -168,8 +169,6 @@ class Engine:
         """Queue the sequences of one client request; returns the group id for ``cancel``."""
         if not self.alive:
             raise EngineError("the engine is not running", 503, "unavailable_error")
-        if len(requests) > self.config.n_parallel:
-            raise EngineError(f"a request needs at most {self.config.n_parallel} slots")
         for req in requests:
             self.validate(req)
         if self._inbox.qsize() + len(self._waiting) >= self.config.max_queue:
@@ -249,7 +248,7 @@ class Engine:
         while item is not None:
             kind, value = item
             if kind == "submit":
-                self._waiting.append(value)
+                self._waiting.extend(_units(value.tasks))
             elif kind == "cancel":
                 self._cancel(value)
             try:
@@ -258,10 +257,10 @@ class Engine:
                 item = None
 
     def _cancel(self, group_id: int) -> None:
-        for group in list(self._waiting):
-            if group.id == group_id:
-                self._waiting.remove(group)
-                group.cancelled = True
+        for unit in list(self._waiting):
+            if unit[0].group.id == group_id:
+                self._waiting.remove(unit)
+                unit[0].group.cancelled = True
         for slot in self.slots:
             task = slot.task
             if task is not None and task.group.id == group_id:
@@ -273,11 +272,11 @@ class Engine:
 
     def _admit(self) -> None:
         while self._waiting:
-            group = self._waiting[0]
+            unit = self._waiting[0]
             free = self._free_slots()
-            if len(free) < len(group.tasks):
+            if len(free) < len(unit):
                 return
-            pinned = group.tasks[0].req.id_slot
+            pinned = unit[0].req.id_slot
             if pinned >= 0:
                 slot = self.slots[pinned % len(self.slots)]
                 if slot.task is not None:
@@ -287,15 +286,15 @@ class Engine:
             else:
                 chosen = []
             self._waiting.popleft()
-            for task in group.tasks[len(chosen):]:
+            for task in unit[len(chosen):]:
                 chosen.append(self._pick_slot(free, task.req.prompt_tokens))
             parent = None
-            for task, slot in zip(group.tasks, chosen):
+            for task, slot in zip(unit, chosen):
                 if task.req.child and parent is not None:
                     self._reserve(task, slot, parent)
                 else:
                     parent = task
-            for task, slot in zip(group.tasks, chosen):
+            for task, slot in zip(unit, chosen):
                 if task.parent is None:
                     self._launch(task, slot)
 
@@ -578,9 +577,24 @@ class Engine:
             self._fail_active(message)
         finally:
             while self._waiting:
-                group = self._waiting.popleft()
-                group.sink([ErrorEvent(t.req.index, 500, message, "server_error")
-                            for t in group.tasks])
+                unit = self._waiting.popleft()
+                unit[0].group.sink([ErrorEvent(t.req.index, 500, message, "server_error")
+                                    for t in unit])
+
+
+def _units(tasks: list[Task]) -> list[list[Task]]:
+    """Split a request into admission units: each prompt with the n_cmpl children that follow it.
+
+    The reference needs n_cmpl free slots at once for a prompt's completions, while the prompts of
+    one request are independent tasks: a request may hold more prompts than there are slots.
+    """
+    units: list[list[Task]] = []
+    for task in tasks:
+        if task.req.child and units:
+            units[-1].append(task)
+        else:
+            units.append([task])
+    return units
 
 
 def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:

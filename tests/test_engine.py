@@ -151,3 +151,14 @@ def test_n_cmpl_children_share_the_parents_prompt(engine):
     assert len({tuple(r.tokens) for r in results.values()}) == 1
     assert len({(r.timings.cache_n, r.timings.prompt_n, r.timings.prompt_ms)
                 for r in results.values()}) == 1
+
+
+def test_more_prompts_than_slots(engine):
+    """Prompts of one request are separate tasks: six prompts on four slots all complete."""
+    prompts = ["a = 1\n", "b = 2\n", "c = 3\n", "d = 4\n", "e = 5\n", "f = 6\n"]
+    requests = [greedy_request(engine, p, 4, cache_prompt=False, index=i)
+                for i, p in enumerate(prompts)]
+    results = finals(run(engine, *requests))
+    assert sorted(results) == list(range(6))
+    alone = finals(run(engine, greedy_request(engine, prompts[5], 4, cache_prompt=False)))[0]
+    assert results[5].tokens == alone.tokens
