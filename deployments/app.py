@@ -61,3 +61,39 @@ async def read_object(request: Request, limit: int) -> dict:
     if not isinstance(body, dict):
         raise invalid("request body must be a JSON object")
     return body
+
+
+class CorsMiddleware:
+    """llama-server's CORS: every answer echoes the request's Origin; an OPTIONS preflight is a
+    blank 200 before any guard (browsers send no Authorization header with it)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        origin = headers.get(b"origin", b"")
+        if scope["method"] == "OPTIONS":
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"access-control-allow-origin", origin),
+                (b"access-control-allow-credentials", b"true"),
+                (b"access-control-allow-methods", b"GET, POST"),
+                (b"access-control-allow-headers", b"*"),
+                (b"content-type", b"text/html"),
+                (b"content-length", b"0"),
+            ]})
+            await send({"type": "http.response.body", "body": b""})
+            return None
+
+        async def send_with_origin(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [
+                    *message.get("headers", []), (b"access-control-allow-origin", origin)]}
+            await send(message)
+
+        return await self.inner(scope, receive, send_with_origin)
+
+
+app.add_middleware(CorsMiddleware)

@@ -1,10 +1,13 @@
 """The ingress's shared state and guards; route mixins in ``deployments/routes`` build on it."""
 
+import time
+
 from fastapi import Request
 from ray.serve.handle import DeploymentHandle
 
 from engine.vocab import Vocab, load_vocab
 
+from .chat import ChatTemplate
 from .config import GraphArgs
 from .errors import ApiError
 from .schema import CompletionParams, ParseContext, f32
@@ -28,7 +31,10 @@ class IngressBase:
             n_vocab=self.vocab.n_vocab,
             eog_ids=tuple(sorted(self.vocab.eog_ids)),
         )
+        self.chat = ChatTemplate(self.vocab.hf)
+        self.started = time.time()
         self._ready = False
+        self._model_info: dict | None = None
 
     async def check_ready(self) -> None:
         """503 "Loading model" on every route until the replica has its model."""
@@ -36,6 +42,12 @@ class IngressBase:
             self._ready = await self.replica.ready.remote()
             if not self._ready:
                 raise ApiError("Loading model", "unavailable_error", middleware=True)
+
+    async def model_info(self) -> dict:
+        """The loaded model's figures (the replica's model_info), asked once."""
+        if self._model_info is None:
+            self._model_info = await self.replica.model_info.remote()
+        return self._model_info
 
     def check_key(self, request: Request) -> None:
         key = self.args.api_key

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
+# The llama-server build mlxray answers as (/props build_info, OpenAI system_fingerprint).
+BUILD_INFO = "b10621-c1d0e7a"
 
 
 class GraphArgs(BaseModel):
@@ -29,6 +31,9 @@ class GraphArgs(BaseModel):
     slots: bool = Field(True, description="serve /slots (--slots)")
     props: bool = Field(False, description="allow POST /props (--props)")
     api_key: str | None = Field(None, description="required key (--api-key)")
+    slot_save_path: str | None = Field(
+        None, description="folder for POST /slots/{id}?action=save|restore (--slot-save-path)")
+    embeddings: bool = Field(False, description="serve the embedding routes (--embedding)")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
 
     @model_validator(mode="after")

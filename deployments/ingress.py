@@ -12,7 +12,7 @@ from ray import serve
 
 from .app import app
 from .base import IngressBase
-from .routes import native
+from .routes import embeddings, info, native, oai, unsupported
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=1000)
@@ -25,6 +25,24 @@ class Ingress(IngressBase):
     async def completion(self, request: Request) -> Response:
         return await native.completion(self, request)
 
+    @app.post("/v1/completions")
+    async def oai_completions(self, request: Request) -> Response:
+        return await oai.completions(self, request)
+
+    @app.post("/chat/completions")
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        return await oai.chat_completions(self, request)
+
+    @app.post("/chat/completions/input_tokens")
+    @app.post("/v1/chat/completions/input_tokens")
+    async def chat_input_tokens(self, request: Request) -> Response:
+        return await oai.chat_input_tokens(self, request)
+
+    @app.post("/apply-template")
+    async def apply_template(self, request: Request) -> Response:
+        return await oai.apply_template(self, request)
+
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
         return await native.tokenize(self, request)
@@ -33,7 +51,74 @@ class Ingress(IngressBase):
     async def detokenize(self, request: Request) -> Response:
         return await native.detokenize(self, request)
 
+    @app.post("/embedding")
+    @app.post("/embeddings")
+    async def embedding(self, request: Request) -> Response:
+        return await embeddings.native(self, request)
+
+    @app.post("/v1/embeddings")
+    async def oai_embeddings(self, request: Request) -> Response:
+        return await embeddings.oai(self, request)
+
     @app.get("/health")
     @app.get("/v1/health")
     async def health(self, request: Request) -> Response:
         return await native.health(self, request)
+
+    @app.get("/props")
+    async def props(self, request: Request) -> Response:
+        return await info.props(self, request)
+
+    @app.post("/props")
+    async def set_props(self, request: Request) -> Response:
+        return await info.set_props(self, request)
+
+    @app.get("/models")
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> Response:
+        return await info.models(self, request)
+
+    @app.get("/slots")
+    async def slots(self, request: Request) -> Response:
+        return await info.slots(self, request)
+
+    @app.post("/slots/{id_slot}")
+    async def slot_action(self, request: Request, id_slot: str) -> Response:
+        return await info.slot_action(self, request, id_slot)
+
+    @app.get("/metrics")
+    async def metrics(self, request: Request) -> Response:
+        return await info.metrics(self, request)
+
+    # llama-server routes mlxray does not serve: a clear envelope each (routes/unsupported.py)
+    @app.post("/responses")
+    @app.post("/v1/responses")
+    @app.post("/responses/input_tokens")
+    @app.post("/v1/responses/input_tokens")
+    @app.post("/v1/messages")
+    @app.post("/v1/messages/count_tokens")
+    @app.post("/infill")
+    @app.post("/rerank")
+    @app.post("/reranking")
+    @app.post("/v1/rerank")
+    @app.post("/v1/reranking")
+    @app.get("/lora-adapters")
+    @app.post("/lora-adapters")
+    @app.post("/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions")
+    @app.get("/v1/stream")
+    @app.delete("/v1/stream")
+    @app.post("/v1/streams/lookup")
+    @app.post("/v1/chat/completions/control")
+    @app.post("/models")
+    @app.delete("/models")
+    @app.get("/models/sse")
+    @app.post("/models/load")
+    @app.post("/models/unload")
+    @app.get("/tools")
+    @app.post("/tools")
+    @app.get("/cors-proxy")
+    @app.post("/cors-proxy")
+    @app.post("/predict")
+    async def not_supported(self, request: Request) -> Response:
+        return await unsupported.not_supported(self, request)

@@ -6,13 +6,15 @@ reference does; ``check_health`` fails once the engine loop has died, so Ray Ser
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from ray import serve
 
-from engine import aio
+from engine import aio, slot_store
 from engine.model import LoadedModel, load_model
 from engine.scheduler import Engine, EngineConfig
 from engine.types import EngineError, EngineEvent, GenerationRequest, SamplingParams
@@ -46,6 +48,7 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 id_slot=params.id_slot if j == 0 else -1,
                 index=p * n + j,
                 child=j > 0,
+                tag=params,
             ))
     return out
 
@@ -138,6 +141,7 @@ class ModelReplica:
             "n_params": loaded.n_params,
             "size": loaded.size_bytes,
             "chat_template": loaded.chat_template,
+            "ftype": loaded.ftype,
             "bos_token": vocab.detokenize([vocab.bos_id]) if vocab.bos_id is not None else "",
             "eos_token": vocab.detokenize(sorted(vocab.eog_ids)[:1]) if vocab.eog_ids else "",
             "eog_ids": sorted(vocab.eog_ids),
@@ -145,3 +149,25 @@ class ModelReplica:
 
     async def slot_states(self) -> list[dict]:
         return self._engine().slot_states()
+
+    async def metrics(self) -> dict:
+        return self._engine().metrics_snapshot()
+
+    async def slot_action(self, id_slot: int, action: str, path: str | None,
+                          filename: str) -> dict:
+        """save, restore or erase a slot's KV state; the ingress has validated the file path.
+        Answers {"result": ...} or {"error": {message, code, type}}."""
+        engine = self._engine()
+        if action == "save":
+            def call(e):
+                return slot_store.save(e, id_slot, Path(path), filename)
+        elif action == "restore":
+            def call(e):
+                return slot_store.restore(e, id_slot, Path(path), filename)
+        else:
+            def call(e):
+                return slot_store.erase(e, id_slot)
+        try:
+            return {"result": await asyncio.to_thread(engine.run_on_loop, call)}
+        except EngineError as exc:
+            return {"error": {"message": exc.message, "code": exc.code, "type": exc.type}}

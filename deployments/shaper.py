@@ -1,5 +1,5 @@
-"""The response shaper: turns the replica's engine events into llama-server's native objects and
-SSE frames. It knows nothing of MLX; the replica knows nothing of JSON."""
+"""The response shaper: turns the replica's engine events into llama-server's native objects, or
+the OpenAI ones, and SSE frames. It knows nothing of MLX; the replica knows nothing of JSON."""
 
 from __future__ import annotations
 
@@ -13,7 +13,17 @@ from engine.types import ErrorEvent, FinalEvent, ProgressEvent, StartEvent, Toke
 from .config import GraphArgs
 from .errors import ApiError
 from .schema import CompletionParams
-from .shapes import dumps, final_result, progress_frame, sse, token_frame
+from .shapes import (
+    NativeShape,
+    OaiChatShape,
+    OaiCompletionShape,
+    OaiContext,
+    dumps,
+    merge_choices,
+    sse,
+)
+
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 def _error(ev: ErrorEvent) -> ApiError:
@@ -29,9 +39,18 @@ class ResponseShaper:
     def _events(self, params: CompletionParams, prompts: list[list[int]]):
         return self.replica.generate.remote(params, prompts)
 
-    async def complete(self, params: CompletionParams,
-                       prompts: list[list[int]]) -> tuple[int, bytes]:
-        """A non-streaming answer: (status, JSON body); one object, or an array ordered by index."""
+    def _shape(self, params: CompletionParams, oai: OaiContext | None):
+        if oai is None:
+            return NativeShape(params, self.model_name)
+        if oai.object == "chat.completion":
+            return OaiChatShape(params, oai)
+        return OaiCompletionShape(params, oai)
+
+    async def complete(self, params: CompletionParams, prompts: list[list[int]],
+                       oai: OaiContext | None = None) -> tuple[int, bytes]:
+        """A non-streaming answer: (status, JSON body). Native: one object, or an array ordered by
+        index; OpenAI: one object whose choices are in index order."""
+        shape = self._shape(params, oai)
         results: dict[int, dict] = {}
         async for batch in self._events(params, prompts):
             for ev in batch:
@@ -39,15 +58,18 @@ class ResponseShaper:
                     err = _error(ev)
                     return err.code, dumps(err.body())
                 if isinstance(ev, FinalEvent):
-                    results[ev.index] = final_result(ev, params, self.model_name, stream=False)
+                    results[ev.index] = shape.final(ev, stream=False)[0]
         ordered = [results[i] for i in sorted(results)]
-        return 200, dumps(ordered[0] if len(ordered) == 1 else ordered)
+        if len(ordered) == 1:
+            return 200, dumps(ordered[0])
+        return 200, dumps(merge_choices(ordered) if oai is not None else ordered)
 
-    async def stream(self, params: CompletionParams,
-                     prompts: list[list[int]]) -> AsyncIterator[bytes | tuple[int, bytes]]:
+    async def stream(self, params: CompletionParams, prompts: list[list[int]],
+                     oai: OaiContext | None = None) -> AsyncIterator[bytes | tuple[int, bytes]]:
         """SSE bytes, one chunk per batch of events. If the request fails before a slot took it,
         the only item is (status, JSON error body): the reference then answers plain JSON. Once a
-        sequence has started, errors are frames."""
+        sequence has started, errors are frames. The OpenAI formats end with ``data: [DONE]``."""
+        shape = self._shape(params, oai)
         started = False
         async for batch in self._events(params, prompts):
             chunks: list[bytes] = []
@@ -56,11 +78,11 @@ class ResponseShaper:
                     started = True
                     chunks.append(start_marker(ev.index, params))
                 elif isinstance(ev, TokenEvent):
-                    chunks.append(sse(token_frame(ev, params)))
+                    chunks += [sse(f) for f in shape.token(ev)]
                 elif isinstance(ev, ProgressEvent):
-                    chunks.append(sse(progress_frame(ev)))
+                    chunks += [sse(f) for f in shape.progress(ev)]
                 elif isinstance(ev, FinalEvent):
-                    chunks.append(sse(final_result(ev, params, self.model_name, stream=True)))
+                    chunks += [sse(f) for f in shape.final(ev, stream=True)]
                 elif isinstance(ev, ErrorEvent):
                     err = _error(ev)
                     if not started and not chunks:
@@ -72,6 +94,8 @@ class ResponseShaper:
             if chunks:
                 started = True
                 yield b"".join(chunks)
+        if oai is not None:
+            yield SSE_DONE
 
 
 def start_marker(index: int, p: CompletionParams) -> bytes:

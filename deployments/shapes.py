@@ -7,6 +7,7 @@ Keys are inserted in the reference's order, because clients (and the captures) s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from engine.types import FinalEvent, ProgressEvent, Timings, TokenEvent, TokenProbs
@@ -210,3 +211,164 @@ def progress_frame(ev: ProgressEvent) -> dict:
     out["prompt_progress"] = {"total": ev.total, "cache": ev.cache, "processed": ev.processed,
                               "time_ms": ev.time_ms}
     return out
+
+
+# ---- OpenAI shapes (text_completion, chat.completion) -------------------------------------
+@dataclass
+class OaiContext:
+    """What an OpenAI-shaped answer needs besides the events: its id, time, model, and the
+    client's switches."""
+
+    object: str  # "text_completion" or "chat.completion"
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str
+    include_usage: bool = False
+    verbose: bool = False
+
+
+def oai_usage(ev: FinalEvent, details: bool = True) -> dict:
+    out: dict[str, Any] = {
+        "completion_tokens": ev.n_predicted,
+        "prompt_tokens": ev.n_prompt,
+        "total_tokens": ev.n_predicted + ev.n_prompt,
+    }
+    if details:
+        out["prompt_tokens_details"] = {"cached_tokens": ev.timings.cache_n}
+    return out
+
+
+def finish_reason(ev: FinalEvent) -> str:
+    return "stop" if ev.stop_type in ("word", "eos") else "length"
+
+
+def _oai_logprobs(probs: list[TokenProbs], p: CompletionParams) -> dict | None:
+    if not probs:
+        return None
+    return {"content": [_probs_json(x, p.post_sampling_probs) for x in probs]}
+
+
+def _envelope(ctx: OaiContext, choices: list, chunk: bool) -> dict:
+    """Non-stream answers and completion chunks: choices, created, model, fingerprint, object;
+    chat chunks put id before model."""
+    if chunk and ctx.object == "chat.completion":
+        return {"choices": choices, "created": ctx.created, "id": ctx.id, "model": ctx.model,
+                "system_fingerprint": ctx.system_fingerprint,
+                "object": "chat.completion.chunk"}
+    return {"choices": choices, "created": ctx.created, "model": ctx.model,
+            "system_fingerprint": ctx.system_fingerprint, "object": ctx.object}
+
+
+class OaiCompletionShape:
+    """/v1/completions: one builder for the answer, the token chunks and the last chunk."""
+
+    def __init__(self, p: CompletionParams, ctx: OaiContext):
+        self.p, self.ctx = p, ctx
+
+    def final(self, ev: FinalEvent, stream: bool) -> list[dict]:
+        choice = {"text": "" if stream else ev.content, "index": ev.index,
+                  "logprobs": None if stream else _oai_logprobs(ev.probs, self.p),
+                  "finish_reason": finish_reason(ev)}
+        out = _envelope(self.ctx, [choice], chunk=False)
+        out["usage"] = oai_usage(ev)
+        out["id"] = self.ctx.id
+        if self.ctx.verbose:
+            out["__verbose"] = final_result(ev, self.p, self.ctx.model, stream)
+        out["timings"] = timings_json(ev.timings)
+        return [out]
+
+    def token(self, ev: TokenEvent) -> list[dict]:
+        logprobs = _oai_logprobs([ev.probs], self.p) if ev.probs is not None else None
+        choice = {"text": ev.text, "index": ev.index, "logprobs": logprobs,
+                  "finish_reason": None}
+        out = _envelope(self.ctx, [choice], chunk=True)
+        out["id"] = self.ctx.id
+        if ev.timings is not None:
+            out["timings"] = timings_json(ev.timings)
+        return [out]
+
+    def progress(self, ev: ProgressEvent) -> list[dict]:
+        out = _envelope(self.ctx, [], chunk=True)
+        out["id"] = self.ctx.id
+        out["prompt_progress"] = progress_frame(ev)["prompt_progress"]
+        return [out]
+
+
+class OaiChatShape(OaiCompletionShape):
+    """/v1/chat/completions: message answers, delta chunks (role first), usage chunk."""
+
+    def final(self, ev: FinalEvent, stream: bool) -> list[dict]:
+        if stream:
+            return self._final_chunks(ev)
+        choice: dict[str, Any] = {"finish_reason": finish_reason(ev), "index": ev.index,
+                                  "message": {"role": "assistant", "content": ev.content}}
+        logprobs = _oai_logprobs(ev.probs, self.p)
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        out = _envelope(self.ctx, [choice], chunk=False)
+        out["usage"] = oai_usage(ev)
+        out["id"] = self.ctx.id
+        if self.ctx.verbose:
+            out["__verbose"] = final_result(ev, self.p, self.ctx.model, stream)
+        out["timings"] = timings_json(ev.timings)
+        return [out]
+
+    def _final_chunks(self, ev: FinalEvent) -> list[dict]:
+        frames = [_envelope(self.ctx, [{"finish_reason": finish_reason(ev), "index": ev.index,
+                                        "delta": {}}], chunk=True)]
+        if self.ctx.include_usage:
+            usage = _envelope(self.ctx, [], chunk=True)
+            usage["usage"] = oai_usage(ev, details=False)
+            frames.append(usage)
+        frames[-1]["timings"] = timings_json(ev.timings)
+        if self.ctx.verbose:
+            frames[0]["__verbose"] = final_result(ev, self.p, self.ctx.model, stream=True)
+        return frames
+
+    def token(self, ev: TokenEvent) -> list[dict]:
+        frames = []
+        if ev.n_predicted == 1:
+            frames.append(self._delta(ev.index, {"role": "assistant", "content": None}))
+        if ev.text:
+            frame = self._delta(ev.index, {"content": ev.text})
+            if ev.probs is not None:
+                frame["choices"][0]["logprobs"] = _oai_logprobs([ev.probs], self.p)
+            frames.append(frame)
+        if frames and ev.timings is not None:
+            frames[-1]["timings"] = timings_json(ev.timings)
+        return frames
+
+    def _delta(self, index: int, delta: dict) -> dict:
+        return _envelope(self.ctx, [{"finish_reason": None, "index": index, "delta": delta}],
+                         chunk=True)
+
+
+def merge_choices(answers: list[dict]) -> dict:
+    """A non-stream answer for n > 1 (or several prompts): one object, every choice in index
+    order, usage summed."""
+    out = dict(answers[0])
+    out["choices"] = [c for a in answers for c in a["choices"]]
+    usage = {k: sum(a["usage"][k] for a in answers)
+             for k in ("completion_tokens", "prompt_tokens", "total_tokens")}
+    usage["prompt_tokens_details"] = {
+        "cached_tokens": sum(a["usage"]["prompt_tokens_details"]["cached_tokens"]
+                             for a in answers)}
+    out["usage"] = usage
+    return out
+
+
+class NativeShape:
+    """llama-server's own objects (/completion): the same interface as the OpenAI shapes."""
+
+    def __init__(self, p: CompletionParams, model: str):
+        self.p, self.model = p, model
+
+    def final(self, ev: FinalEvent, stream: bool) -> list[dict]:
+        return [final_result(ev, self.p, self.model, stream)]
+
+    def token(self, ev: TokenEvent) -> list[dict]:
+        return [token_frame(ev, self.p)]
+
+    def progress(self, ev: ProgressEvent) -> list[dict]:
+        return [progress_frame(ev)]

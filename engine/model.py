@@ -27,6 +27,7 @@ class LoadedModel:
     n_params: int
     size_bytes: int
     chat_template: str | None
+    ftype: str = "all F32"
 
 
 def load_model(path: str) -> LoadedModel:
@@ -53,7 +54,23 @@ def load_model(path: str) -> LoadedModel:
         n_params=n_params,
         size_bytes=size_bytes,
         chat_template=getattr(hf, "chat_template", None),
+        ftype=_ftype(params, getattr(args, "quantization", None)),
     )
+
+
+def _ftype(params: list[mx.array], quantization: dict | None) -> str:
+    """llama.cpp's file-type words: "all F32", "mostly BF16", "mostly Q4" ..."""
+    if quantization:
+        return f"mostly Q{quantization.get('bits', 4)}"
+    names = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
+    kinds = {names.get(p.dtype, str(p.dtype)) for p in params}
+    if len(kinds) == 1:
+        return f"all {kinds.pop()}"
+    counts: dict[str, int] = {}
+    for p in params:
+        key = names.get(p.dtype, str(p.dtype))
+        counts[key] = counts.get(key, 0) + p.size
+    return f"mostly {max(counts, key=counts.get)}"
 
 
 def _leaves(tree) -> list[mx.array]:

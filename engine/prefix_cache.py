@@ -39,6 +39,24 @@ class PrefixCache:
             return None, 0
         return cache, n_reused
 
+    def longest(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
+        """A copy of the cache holding the longest cached prefix of ``tokens``, untrimmed."""
+        if not tokens:
+            return None, 0
+        cache, rest = self._lru.fetch_nearest_cache(_MODEL_KEY, list(tokens))
+        return (cache, len(tokens) - len(rest)) if cache is not None else (None, 0)
+
+    def discard(self, tokens: list[int]) -> bool:
+        """Drop the entry stored under exactly ``tokens``; True if there was one."""
+        key = list(tokens)
+        if self._lru._trie.search(_MODEL_KEY, key).exact is None:
+            return False
+        entry = self._lru._trie.pop(_MODEL_KEY, key)
+        self._lru._n_bytes -= entry.nbytes
+        self._lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+        self._lru._lru.remove(_MODEL_KEY, key)
+        return True
+
     def store(self, tokens: list[int], cache: list[Any]) -> None:
         if tokens:
             self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)

@@ -71,6 +71,7 @@ class Slot:
     last_used: float = 0.0
     last_tokens: list[int] = field(default_factory=list)
     n_prompt_processed: int = 0
+    last: Task | None = None  # the task it ran last, kept for /slots
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Task:
     # n_cmpl: a child runs on a copy of its parent's evaluated prompt and reports its timings
     parent: Task | None = None
     children: list[Task] = field(default_factory=list)
+    id: int = -1
 
     def timings(self) -> Timings:
         predicted_ms = max(1e-3, (self.t_last - self.t_first) * 1e3) if self.n_gen else 0.0
@@ -140,8 +142,9 @@ class Engine:
         self._bg: BatchGenerator | None = None
         self._dirty: dict[int, Group] = {}
         self.error: BaseException | None = None
-        self.counters = {"n_decode_total": 0, "n_busy_slots_total": 0, "requests": 0}
         self._breakers = lru_cache(maxsize=16)(self._dry_breakers)
+        self._task_ids = itertools.count(0)
+        self.metrics = EngineMetrics()
 
     def _dry_breakers(self, breakers: tuple[str, ...]) -> Breakers:
         tokenize = lambda text: self.vocab.tokenize(text, False, False)  # noqa: E731
@@ -177,7 +180,8 @@ class Engine:
         group = Group(next(self._group_ids), [], sink)
         for req in requests:
             stops = [w.encode() for w in req.stop]
-            group.tasks.append(Task(req, group, TextState(stops), resolve_seed(req.sampling.seed)))
+            group.tasks.append(Task(req, group, TextState(stops), resolve_seed(req.sampling.seed),
+                                    id=next(self._task_ids)))
         self._inbox.put(("submit", group))
         return group.id
 
@@ -185,26 +189,56 @@ class Engine:
         self._inbox.put(("cancel", group_id))
 
     def slot_states(self) -> list[dict]:
-        """A snapshot for /slots (read without locks: plain Python values only)."""
+        """A snapshot for /slots (read without locks: plain Python values only). ``task`` is the
+        running task, else the last one the slot ran (None if it never ran one)."""
         out = []
         for slot in self.slots:
-            task = slot.task
+            task = slot.task or slot.last
             out.append({
                 "id": slot.id,
                 "n_ctx": self.config.n_ctx,
-                "is_processing": task is not None,
+                "is_processing": slot.task is not None,
                 "task": None if task is None else {
+                    "id": task.id,
                     "n_prompt": task.n_prompt,
+                    "n_prompt_processed": task.n_prompt - task.n_cache if task.t_prompt else 0,
                     "n_cache": task.n_cache,
                     "n_decoded": task.n_gen,
                     "n_predict": task.req.n_predict,
+                    "has_next_token": slot.task is not None,
                     "has_new_line": task.text.has_new_line,
                     "index": task.req.index,
                     "group": task.group.id,
+                    "tag": task.req.tag,
                 },
-                "used": slot.last_used > 0,
             })
         return out
+
+    def metrics_snapshot(self, reset_bucket: bool = True) -> dict:
+        """Totals since start, the bucket since the last snapshot, and the slots' load now."""
+        return self.metrics.snapshot(self.n_active, self.n_deferred, reset_bucket)
+
+    def run_on_loop(self, fn: Callable[[Engine], object], timeout: float = 60.0) -> object:
+        """Run ``fn(engine)`` on the scheduler thread (it owns every MLX array); wait for it."""
+        if not self.alive:
+            raise EngineError("the engine is not running", 503, "unavailable_error")
+        done = threading.Event()
+        box: dict[str, object] = {}
+
+        def call() -> None:
+            try:
+                box["value"] = fn(self)
+            except BaseException as exc:  # handed back to the caller's thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        self._inbox.put(("call", call))
+        if not done.wait(timeout):
+            raise EngineError("the engine did not answer in time", 503, "unavailable_error")
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box.get("value")
 
     @property
     def n_active(self) -> int:
@@ -213,6 +247,11 @@ class Engine:
     @property
     def n_waiting(self) -> int:
         return len(self._waiting) + self._inbox.qsize()
+
+    @property
+    def n_deferred(self) -> int:
+        """Requests waiting for a slot (llama.cpp's deferred tasks)."""
+        return sum(len(unit) for unit in list(self._waiting))
 
     # ---- the scheduler thread ---------------------------------------------------------
     def _run(self) -> None:
@@ -251,6 +290,8 @@ class Engine:
                 self._waiting.extend(_units(value.tasks))
             elif kind == "cancel":
                 self._cancel(value)
+            elif kind == "call":
+                value()
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -401,8 +442,7 @@ class Engine:
             self._fail_active(f"decode() failed: {exc}")
             self._bg = self._new_batch_generator()
             return
-        self.counters["n_decode_total"] += 1
-        self.counters["n_busy_slots_total"] += self.n_active
+        self.metrics.on_decode(self.n_active)
         for r in prompt_responses:
             task = self._by_uid.get(r.uid)
             if task is None:
@@ -513,9 +553,14 @@ class Engine:
                 cache, cached_tokens = caches[task.uid]
                 self.prefix_cache.store(cached_tokens, cache)
             task.uid = -1
+        self.metrics.on_retire(task.n_prompt - task.n_cache, task.n_cache,
+                               task.timings().prompt_ms, task.n_gen,
+                               (task.t_last - task.t_first) if task.n_gen else 0.0,
+                               task.n_prompt + task.n_gen)
         slot = task.slot
         if slot is not None:
             slot.task = None
+            slot.last = task
             slot.last_used = time.perf_counter()
             slot.last_tokens = task.req.prompt_tokens + task.tokens[:-1]
         if emit and not task.group.cancelled:
@@ -595,6 +640,54 @@ def _units(tasks: list[Task]) -> list[list[Task]]:
         else:
             units.append([task])
     return units
+
+
+@dataclass
+class EngineMetrics:
+    """llama.cpp's server metrics: totals since start, and a bucket reset at each snapshot that
+    gives the throughput gauges."""
+
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0
+    n_tokens_max: int = 0
+    bucket_prompt_tokens: int = 0
+    bucket_prompt_seconds: float = 0.0
+    bucket_predicted_tokens: int = 0
+    bucket_predicted_seconds: float = 0.0
+
+    def on_decode(self, n_busy: int) -> None:
+        self.n_decode_total += 1
+        self.n_busy_slots_total += n_busy
+
+    def on_retire(self, n_prompt: int, n_cached: int, prompt_ms: float, n_predicted: int,
+                  predicted_s: float, n_tokens: int) -> None:
+        self.prompt_tokens_total += n_prompt
+        self.prompt_tokens_cached_total += n_cached
+        self.prompt_seconds_total += prompt_ms / 1e3
+        self.tokens_predicted_total += n_predicted
+        self.tokens_predicted_seconds_total += predicted_s
+        self.n_tokens_max = max(self.n_tokens_max, n_tokens)
+        self.bucket_prompt_tokens += n_prompt
+        self.bucket_prompt_seconds += prompt_ms / 1e3
+        self.bucket_predicted_tokens += n_predicted
+        self.bucket_predicted_seconds += predicted_s
+
+    def snapshot(self, n_processing: int, n_deferred: int, reset_bucket: bool) -> dict:
+        out = {k: getattr(self, k) for k in (
+            "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
+            "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
+            "n_busy_slots_total", "n_tokens_max", "bucket_prompt_tokens",
+            "bucket_prompt_seconds", "bucket_predicted_tokens", "bucket_predicted_seconds")}
+        out.update(n_processing=n_processing, n_deferred=n_deferred)
+        if reset_bucket:
+            self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0
+            self.bucket_prompt_seconds = self.bucket_predicted_seconds = 0.0
+        return out
 
 
 def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:

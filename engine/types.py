@@ -77,6 +77,7 @@ class GenerationRequest:
     id_slot: int = -1
     index: int = 0
     child: bool = False  # an n_cmpl child: shares the prompt evaluated by the request before it
+    tag: object = None  # the caller's own data, echoed by Engine.slot_states (e.g. the params)
 
 
 @dataclass(slots=True)

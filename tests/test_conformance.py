@@ -11,10 +11,6 @@ from .conftest import CAPTURES
 KNOWN_DIFFERENCES = {
     "err_bad_json": "by design: a body that is not JSON is a 400 invalid_request_error "
                     "(the reference answers 500 server_error); see the compat manifest",
-    "props": "GET /props lands with issue #5",
-    "models": "GET /models lands with issue #5",
-    "oai_completions": "POST /v1/completions lands with issue #5",
-    "oai_chat": "POST /v1/chat/completions lands with issue #5",
 }
 
 CAPTURE_LIST = load_captures(CAPTURES)

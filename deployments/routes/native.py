@@ -18,6 +18,7 @@ from ..app import JSON, from_engine, json_response, read_json, read_object
 from ..base import IngressBase
 from ..errors import invalid
 from ..schema import CompletionParams, json_type, parse_completion, split_prompts
+from ..shapes import OaiContext
 
 
 def _flag(body: dict, key: str, default: bool) -> bool:
@@ -75,8 +76,8 @@ def prepare(ingress: IngressBase, body: Any) -> tuple[CompletionParams, list[lis
 
 
 async def stream(ingress: IngressBase, params: CompletionParams,
-                 prompts: list[list[int]]) -> Response:
-    chunks = ingress.shaper.options(stream=True).stream.remote(params, prompts)
+                 prompts: list[list[int]], oai: OaiContext | None = None) -> Response:
+    chunks = ingress.shaper.options(stream=True).stream.remote(params, prompts, oai)
     first = await anext(chunks, None)
     if isinstance(first, tuple):
         status, payload = first

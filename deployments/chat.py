@@ -1,0 +1,52 @@
+"""The model's own chat template (the tokenizer's Jinja ``chat_template``), rendered as the
+reference renders it with ``--jinja``; ChatML when the model has none, as llama.cpp falls back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import invalid
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class ChatTemplate:
+    def __init__(self, hf_tokenizer: Any):
+        self.hf = hf_tokenizer
+        self.source: str = getattr(hf_tokenizer, "chat_template", None) or CHATML
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               extra: dict | None = None) -> str:
+        try:
+            return self.hf.apply_chat_template(
+                messages, chat_template=self.source, tokenize=False,
+                add_generation_prompt=add_generation_prompt, **(extra or {}),
+            )
+        except Exception as exc:  # noqa: BLE001 - a template that refuses the conversation
+            raise invalid(f"Failed to apply the chat template: {exc}") from None
+
+    def caps(self) -> dict:
+        """chat_template_caps, found by rendering probes as llama.cpp's minja does."""
+        probe = "mlxray-probe-text"
+        return {
+            "supports_object_arguments": False,
+            "supports_parallel_tool_calls": "tool_calls" in self.source,
+            "supports_preserve_reasoning": "reasoning_content" in self.source,
+            "supports_reasoning_effort": "reasoning_effort" in self.source,
+            "supports_string_content": self._shows([{"role": "user", "content": probe}], probe),
+            "supports_system_role": self._shows(
+                [{"role": "system", "content": probe}, {"role": "user", "content": "x"}], probe),
+            "supports_tool_calls": "tool_calls" in self.source,
+            "supports_tools": "tools" in self.source,
+            "supports_typed_content": False,
+        }
+
+    def _shows(self, messages: list[dict], needle: str) -> bool:
+        try:
+            return needle in self.render(messages, False)
+        except Exception:  # noqa: BLE001 - a template that raises does not support the probe
+            return False

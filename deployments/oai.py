@@ -1,0 +1,133 @@
+"""OpenAI-style requests mapped onto the one native schema (deployments/schema.py), as the reference
+does: the chat messages are rendered into a prompt with the model's own Jinja chat template, the
+OpenAI-only fields are translated or refused, and everything else is evaluated by the native field
+table, so every limit and error text is shared with /completion.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from typing import Any
+
+from .errors import invalid
+from .schema import json_type
+
+_ALNUM = string.ascii_letters + string.digits
+# OpenAI request fields with no meaning here: refused by name (the reference refuses these too).
+UNSUPPORTED_COMPLETION = ("best_of", "suffix")
+
+
+def completion_id() -> str:
+    """``chatcmpl-`` and 32 random letters and digits, for both OpenAI formats."""
+    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
+def completion_body(body: dict) -> dict:
+    """/v1/completions: the native body. ``prompt`` is required; the native schema does the rest
+    (``max_tokens`` and ``logprobs`` are its aliases of n_predict and n_probs)."""
+    for name in UNSUPPORTED_COMPLETION:
+        if name in body:
+            raise invalid(f"Unsupported param: {name}")
+    if body.get("echo") is True:
+        raise invalid("Only no echo is supported")
+    return dict(body)
+
+
+def chat_body(body: dict, render) -> dict:
+    """/v1/chat/completions: the native body with the rendered prompt. ``render(messages,
+    add_generation_prompt, extra)`` applies the template."""
+    native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+    native["prompt"] = chat_prompt(body, render)
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        native["n_probs"] = 20 if top is None else top
+    elif body.get("top_logprobs") is not None:
+        raise invalid("top_logprobs requires logprobs to be set to true")
+    elif body.get("logprobs") not in (None, False):
+        raise invalid(f"Field 'logprobs': [json.exception.type_error.302] type must be boolean, "
+                      f"but is {json_type(body['logprobs'])}")
+    _check_response_format(body.get("response_format"), native)
+    tools = body.get("tools")
+    if tools:
+        raise invalid("Field 'tools': not supported by mlxray yet (the chat template is rendered "
+                      "Content-only; tool calls are not parsed)")
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise invalid("Field 'tool_choice': not supported by mlxray yet")
+    return native
+
+
+def _check_response_format(fmt: Any, native: dict) -> None:
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return
+    if kind == "json_object":
+        native["json_schema"] = fmt.get("schema", {"type": "object"})
+    elif kind == "json_schema":
+        schema = fmt.get("json_schema", {})
+        native["json_schema"] = schema.get("schema", {}) if isinstance(schema, dict) else {}
+    else:
+        raise invalid('response_format type must be one of "text" or "json_object", but got: '
+                      f"{kind}")
+
+
+def chat_prompt(body: dict, render) -> str:
+    """The templated prompt of a chat body; a final assistant message is continued (prefill)."""
+    if "messages" not in body:
+        raise invalid("[json.exception.out_of_range.403] key 'messages' not found")
+    messages = parse_messages(body["messages"])
+    add_generation_prompt = body.get("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        raise invalid("Field 'add_generation_prompt': [json.exception.type_error.302] type must "
+                      f"be boolean, but is {json_type(add_generation_prompt)}")
+    extra = body.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict):
+        raise invalid("\"chat_template_kwargs\" must be an object")
+    if messages and messages[-1]["role"] == "assistant" and add_generation_prompt:
+        if len(messages) > 1 and messages[-2]["role"] == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
+        return render(messages[:-1], True, extra) + messages[-1]["content"]
+    return render(messages, add_generation_prompt, extra)
+
+
+def parse_messages(messages: Any) -> list[dict]:
+    """OpenAI messages as the template sees them: typed text parts joined by newlines."""
+    if not isinstance(messages, list):
+        raise invalid(f"Expected 'messages' to be an array, got {json_type(messages)}")
+    out = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise invalid(f"Expected 'message' to be an object, got {json_type(message)}")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise invalid("Missing 'role' in message")
+        content = message.get("content")
+        if content is None and "tool_calls" not in message:
+            raise invalid("Expected 'content' or 'tool_calls' "
+                          "(ref: https://github.com/ggml-org/llama.cpp/issues/8367)")
+        out.append({**message, "role": role, "content": _text(content)})
+    return out
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"Invalid 'content' type: expected string or array, got {json_type(content)}")
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or "type" not in part:
+            raise invalid("Missing content part type")
+        if part["type"] != "text":
+            raise invalid(f"Unsupported content part type: \"{part['type']}\" (mlxray serves "
+                          "text-only models)")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid("Missing text in content part")
+        parts.append(text)
+    return "\n".join(parts)

@@ -1,0 +1,66 @@
+"""The OpenAI-compatible routes: /v1/completions, /v1/chat/completions (and /chat/completions),
+/apply-template and the input-token counts. Requests become native ones (deployments/oai.py);
+answers take the OpenAI shapes (deployments/shapes.py)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ..app import JSON, json_response, read_json, read_object
+from ..base import IngressBase
+from ..config import BUILD_INFO
+from ..errors import invalid
+from ..oai import chat_body, chat_prompt, completion_body, completion_id
+from ..schema import CompletionParams, json_type
+from ..shapes import OaiContext
+from . import native
+
+
+def _context(ingress: IngressBase, kind: str, params: CompletionParams) -> OaiContext:
+    return OaiContext(object=kind, id=completion_id(), created=int(time.time()),
+                      model=ingress.args.model_name, system_fingerprint=BUILD_INFO,
+                      include_usage=params.include_usage, verbose=params.verbose)
+
+
+async def _answer(ingress: IngressBase, native_body: dict, kind: str) -> Response:
+    params, prompts = native.prepare(ingress, native_body)
+    oai = _context(ingress, kind, params)
+    if params.stream:
+        return await native.stream(ingress, params, prompts, oai)
+    status, payload = await ingress.shaper.complete.remote(params, prompts, oai)
+    return Response(payload, status_code=status, media_type=JSON)
+
+
+def _object(body) -> dict:
+    if not isinstance(body, dict):
+        raise invalid(f"[json.exception.type_error.304] cannot use at() with {json_type(body)}")
+    return body
+
+
+async def completions(ingress: IngressBase, request: Request) -> Response:
+    await ingress.guard(request)
+    body = _object(await read_json(request, ingress.args.max_body_bytes))
+    return await _answer(ingress, completion_body(body), "text_completion")
+
+
+async def chat_completions(ingress: IngressBase, request: Request) -> Response:
+    await ingress.guard(request)
+    body = _object(await read_json(request, ingress.args.max_body_bytes))
+    return await _answer(ingress, chat_body(body, ingress.chat.render), "chat.completion")
+
+
+async def apply_template(ingress: IngressBase, request: Request) -> Response:
+    await ingress.guard(request)
+    body = await read_object(request, ingress.args.max_body_bytes)
+    return json_response({"prompt": chat_body(body, ingress.chat.render)["prompt"]})
+
+
+async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
+    """The prompt tokens a chat request would use, without running it."""
+    await ingress.guard(request)
+    body = await read_object(request, ingress.args.max_body_bytes)
+    prompt = chat_prompt(body, ingress.chat.render)
+    return json_response({"input_tokens": len(ingress.vocab.tokenize_prompt(prompt))})

@@ -1,0 +1,67 @@
+"""Slot KV state to and from files (llama-server's POST /slots/{id}?action=save|restore|erase).
+
+A slot's state is the KV cache of the tokens it last held, kept in the prefix cache once its task
+retires. Saving writes that cache with mlx-lm's ``save_prompt_cache`` (safetensors, the token ids
+in the metadata); restoring puts it back into the prefix cache and makes it the slot's tokens, so
+the next prompt sharing the prefix reuses it. Every function runs on the scheduler thread
+(``Engine.run_on_loop``): it owns every MLX array.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+from .scheduler import Engine, Slot
+from .types import EngineError
+
+_TOKENS_KEY = "mlxray.tokens"
+
+
+def _idle_slot(engine: Engine, id_slot: int) -> Slot:
+    if not 0 <= id_slot < len(engine.slots):
+        raise EngineError("Invalid slot ID")
+    slot = engine.slots[id_slot]
+    if slot.task is not None:
+        raise EngineError(f"Slot {id_slot} is busy", 503, "unavailable_error")
+    return slot
+
+
+def save(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
+    start = time.perf_counter()
+    slot = _idle_slot(engine, id_slot)
+    cache, n_cached = engine.prefix_cache.longest(slot.last_tokens)
+    tokens = slot.last_tokens[:n_cached]
+    if cache is None or not tokens:
+        raise EngineError(f"Slot {id_slot} holds no state to save")
+    save_prompt_cache(str(path), cache, {_TOKENS_KEY: json.dumps(tokens)})
+    return {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
+            "n_written": path.stat().st_size,
+            "timings": {"save_ms": (time.perf_counter() - start) * 1e3}}
+
+
+def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
+    start = time.perf_counter()
+    slot = _idle_slot(engine, id_slot)
+    try:
+        cache, metadata = load_prompt_cache(str(path), return_metadata=True)
+        tokens = [int(t) for t in json.loads(metadata[_TOKENS_KEY])]
+    except Exception:  # noqa: BLE001 - a missing or foreign file is the client's error
+        raise EngineError("Unable to restore slot, no available space in KV cache or invalid "
+                          "slot save file") from None
+    engine.prefix_cache.store(tokens, cache)
+    slot.last_tokens = tokens
+    return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens),
+            "n_read": path.stat().st_size,
+            "timings": {"restore_ms": (time.perf_counter() - start) * 1e3}}
+
+
+def erase(engine: Engine, id_slot: int) -> dict:
+    slot = _idle_slot(engine, id_slot)
+    n_erased = len(slot.last_tokens)
+    engine.prefix_cache.discard(slot.last_tokens)
+    slot.last_tokens = []
+    return {"id_slot": id_slot, "n_erased": n_erased}
