@@ -144,7 +144,11 @@ def _slot_file(ingress: IngressBase, body: dict) -> tuple[str, str]:
     if not valid_filename(filename):
         raise invalid("Invalid filename")
     folder = Path(ingress.args.slot_save_path).resolve()
-    return str(folder / filename), filename
+    folder.mkdir(parents=True, exist_ok=True)
+    path = (folder / filename).resolve()
+    if path.parent != folder:  # a link or name that leaves the folder
+        raise invalid("Invalid filename")
+    return str(path), filename
 
 
 def valid_filename(name: str) -> bool:
@@ -187,7 +191,9 @@ METRIC_HELP = {
     "tokens_predicted_total": ("counter", "Number of generation tokens processed."),
     "tokens_predicted_seconds_total": ("counter", "Predict process time"),
     "n_decode_total": ("counter", "Total number of llama_decode() calls"),
-    "n_tokens_max": ("counter", "Largest observed n_tokens."),
+    # a counter in the reference; prometheus_client would name a counter family without the
+    # _total suffix n_tokens_max_total, so it is exposed as the gauge it behaves as
+    "n_tokens_max": ("gauge", "Largest observed n_tokens."),
     "spec_decode_num_draft_tokens_total": ("counter", "Number of speculative draft tokens."),
     "spec_decode_num_accepted_tokens_total": ("counter",
                                               "Number of accepted speculative draft tokens."),
@@ -233,7 +239,9 @@ class _Snapshot:
     def collect(self):
         for name, (kind, help_text) in METRIC_HELP.items():
             full = f"llamacpp:{name}"
-            metric = Metric(full, help_text, kind)
+            # the text format appends _total to a counter family's name
+            family = full.removesuffix("_total") if kind == "counter" else full
+            metric = Metric(family, help_text, kind)
             metric.add_sample(full, {}, float(self.values[name]))
             yield metric
 
