@@ -171,3 +171,7 @@ class ModelReplica:
             return {"result": await asyncio.to_thread(engine.run_on_loop, call)}
         except EngineError as exc:
             return {"error": {"message": exc.message, "code": exc.code, "type": exc.type}}
+        except Exception as exc:  # noqa: BLE001 - a file system error: the envelope, not a crash
+            log.exception("slot %s failed", action)
+            return {"error": {"message": f"slot {action} failed: {exc}", "code": 500,
+                              "type": "server_error"}}

@@ -10,6 +10,7 @@ the next prompt sharing the prefix reuses it. Every function runs on the schedul
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 from .scheduler import Engine, Slot
 from .types import EngineError
 
-_TOKENS_KEY = "mlxray.tokens"
+_TOKENS_KEY = "mlxray_tokens"  # no dots: the metadata keys are unflattened on load
 
 
 def _idle_slot(engine: Engine, id_slot: int) -> Slot:
@@ -37,7 +38,10 @@ def save(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
     tokens = slot.last_tokens[:n_cached]
     if cache is None or not tokens:
         raise EngineError(f"Slot {id_slot} holds no state to save")
-    save_prompt_cache(str(path), cache, {_TOKENS_KEY: json.dumps(tokens)})
+    # mx.save_safetensors appends the .safetensors suffix; the client's name is kept as given
+    staged = path.with_name(path.name + ".saving.safetensors")
+    save_prompt_cache(str(staged), cache, {_TOKENS_KEY: json.dumps(tokens)})
+    os.replace(staged, path)
     return {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
             "n_written": path.stat().st_size,
             "timings": {"save_ms": (time.perf_counter() - start) * 1e3}}
@@ -46,12 +50,16 @@ def save(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
 def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
     start = time.perf_counter()
     slot = _idle_slot(engine, id_slot)
+    staged = path.with_name(path.name + ".loading.safetensors")
     try:
-        cache, metadata = load_prompt_cache(str(path), return_metadata=True)
+        os.link(path, staged)  # mx.load knows the format by the suffix
+        cache, metadata = load_prompt_cache(str(staged), return_metadata=True)
         tokens = [int(t) for t in json.loads(metadata[_TOKENS_KEY])]
     except Exception:  # noqa: BLE001 - a missing or foreign file is the client's error
         raise EngineError("Unable to restore slot, no available space in KV cache or invalid "
                           "slot save file") from None
+    finally:
+        staged.unlink(missing_ok=True)
     engine.prefix_cache.store(tokens, cache)
     slot.last_tokens = tokens
     return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens),
@@ -61,7 +69,7 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
 
 def erase(engine: Engine, id_slot: int) -> dict:
     slot = _idle_slot(engine, id_slot)
-    n_erased = len(slot.last_tokens)
-    engine.prefix_cache.discard(slot.last_tokens)
+    _, n_erased = engine.prefix_cache.longest(slot.last_tokens)
+    engine.prefix_cache.discard(slot.last_tokens[:n_erased])
     slot.last_tokens = []
     return {"id_slot": id_slot, "n_erased": n_erased}

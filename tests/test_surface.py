@@ -1,0 +1,288 @@
+"""The rest of llama-server's surface through the real graph: /props, /models, /slots (state and
+save/restore/erase), /metrics, the API key, CORS, 503 while loading, and the routes mlxray does not
+serve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from deployments.routes import info, unsupported
+from deployments.schema import CompletionParams, f32
+from deployments.shapes import generation_settings
+
+from .conftest import MODEL
+
+GREEDY = {"temperature": 0, "cache_prompt": False}
+KEY = "sesame"
+
+
+@pytest.fixture(scope="module")
+def locked(deploy_app, tmp_path_factory) -> tuple[str, str]:
+    """A second graph: API key, /slots and /metrics off, POST /props on, slot files on."""
+    folder = str(tmp_path_factory.mktemp("slots"))
+    args = {"model": MODEL, "alias": "locked", "n_parallel": 2, "n_ctx": 512, "api_key": KEY,
+            "slots": False, "metrics": False, "props": True, "slot_save_path": folder}
+    return deploy_app("locked", args), folder
+
+
+def keyed(base: str, **headers) -> httpx.Client:
+    return httpx.Client(base_url=base, timeout=120,
+                        headers={"Authorization": f"Bearer {KEY}", **headers})
+
+
+# ---- props, models -------------------------------------------------------------------------
+def test_props_values(client):
+    props = client.get("/props").json()
+    defaults = CompletionParams(temperature=f32(0.8), reasoning_format="none")
+    assert props["default_generation_settings"] == {
+        "params": generation_settings(defaults, only_metrics=True), "n_ctx": 2048}
+    assert props["total_slots"] == 4
+    assert props["model_alias"] == "tiny-python"
+    assert props["model_ftype"] == "all F32"
+    assert props["endpoint_slots"] is True and props["endpoint_metrics"] is True
+    assert props["endpoint_props"] is False
+    assert props["chat_template"].startswith("{% for message in messages %}")
+    assert props["chat_template_caps"]["supports_system_role"] is True
+    assert (props["bos_token"], props["eos_token"]) == ("<s>", "</s>")
+    assert props["build_info"] == "b10621-c1d0e7a"
+
+
+def test_post_props_needs_the_switch(client, locked):
+    r = client.post("/props", json={})
+    assert r.status_code == 501
+    assert r.json()["error"]["type"] == "not_supported_error"
+    with keyed(locked[0]) as c:
+        assert c.post("/props", json={}).json() == {"success": True}
+
+
+def test_models_both_routes(client):
+    models = client.get("/models").json()
+    v1 = client.get("/v1/models").json()
+    for body in (models, v1):
+        body["data"][0].pop("created")
+    assert models == v1
+    meta = models["data"][0]["meta"]
+    assert models["data"][0]["id"] == "tiny-python"
+    assert (meta["n_vocab"], meta["n_embd"], meta["n_params"], meta["n_ctx"]) == (
+        2000, 128, 807552, 2048)
+
+
+# ---- slots ---------------------------------------------------------------------------------
+def test_slots_busy_while_streaming_then_idle(base_url, client):
+    async def scenario():
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as ac:
+            body = {"prompt": "def main():\n", "n_predict": 400, "ignore_eos": True,
+                    "stream": True, **GREEDY}
+            async with ac.stream("POST", "/completion", json=body) as r:
+                lines = r.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: "):
+                        break
+                busy = (await ac.get("/slots")).json()
+                refused = await ac.get("/slots?fail_on_no_slot=1")
+                async for _ in lines:
+                    pass
+        return busy, refused
+
+    busy, refused = asyncio.run(scenario())
+    running = [s for s in busy if s["is_processing"]]
+    assert len(running) == 1
+    slot = running[0]
+    assert slot["params"]["n_predict"] == 400 and slot["params"]["stream"] is True
+    assert slot["next_token"][0]["has_next_token"] is True
+    assert slot["next_token"][0]["n_decoded"] >= 1
+    assert refused.status_code == 200  # three slots were still idle
+    after = client.get("/slots").json()
+    assert not any(s["is_processing"] for s in after)
+    done = next(s for s in after if s["id"] == slot["id"])
+    assert done["id_task"] == slot["id_task"]
+    assert done["next_token"][0] == {"has_next_token": False, "has_new_line": True,
+                                     "n_remain": 0, "n_decoded": 400}
+    assert list(done) == ["id", "n_ctx", "speculative", "is_processing", "id_task",
+                          "n_prompt_tokens", "n_prompt_tokens_processed",
+                          "n_prompt_tokens_cache", "params", "next_token"]
+
+
+def test_slots_switched_off(locked):
+    with keyed(locked[0]) as c:
+        r = c.get("/slots")
+    assert r.status_code == 501
+    assert r.json()["error"]["message"] == (
+        "This server does not support slots endpoint. Start it with `--slots`")
+
+
+def test_slot_save_restore_erase(locked, client):
+    base, folder = locked
+    prompt = "class Foo:\n    def __init__(self"
+    with keyed(base) as c:
+        first = c.post("/completion", json={"prompt": prompt, "n_predict": 4,
+                                            "temperature": 0, "id_slot": 0}).json()
+        saved = c.post("/slots/0?action=save", json={"filename": "foo.bin"}).json()
+        assert saved["id_slot"] == 0 and saved["filename"] == "foo.bin"
+        assert saved["n_saved"] > 0 and saved["n_written"] > 0
+        assert list(saved["timings"]) == ["save_ms"]
+        erased = c.post("/slots/0?action=erase").json()
+        assert erased == {"id_slot": 0, "n_erased": saved["n_saved"]}
+        restored = c.post("/slots/1?action=restore", json={"filename": "foo.bin"}).json()
+        assert restored["n_restored"] == saved["n_saved"]
+        again = c.post("/completion", json={"prompt": prompt, "n_predict": 4,
+                                            "temperature": 0, "id_slot": 1}).json()
+        assert again["content"] == first["content"]
+        assert again["timings"]["cache_n"] == len(c.post(
+            "/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]) - 1
+        for name in ("../escape", "/etc/passwd", "a/b", "..", ""):
+            r = c.post("/slots/0?action=save", json={"filename": name})
+            assert (r.status_code, r.json()["error"]["message"]) == (400, "Invalid filename")
+        assert c.post("/slots/0?action=nope").json()["error"]["message"] == "Invalid action"
+        assert c.post("/slots/9?action=erase").json()["error"]["message"] == "Invalid slot ID"
+        missing = c.post("/slots/0?action=restore", json={"filename": "none.bin"})
+        assert missing.status_code == 400
+    # the conformance graph has no slot folder
+    r = client.post("/slots/0?action=erase")
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+@pytest.mark.parametrize("name", ["ok.bin", "slot-0_save", "a b"])
+def test_valid_filenames(name):
+    assert info.valid_filename(name)
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "a\\b", ".hidden", "x:y",
+                                  "nul\x00", "a" * 256])
+def test_invalid_filenames(name):
+    assert not info.valid_filename(name)
+
+
+# ---- metrics -------------------------------------------------------------------------------
+def scrape(client) -> dict[str, float]:
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert int(r.headers["process-start-time-unix"]) <= time.time()
+    values = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split(" ")
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_rise_by_the_tokens_used(client):
+    before = scrape(client)
+    assert set(before) == {f"llamacpp:{n}" for n in info.METRIC_HELP}
+    out = client.post("/completion", json={"prompt": "import os\n", "n_predict": 7,
+                                           **GREEDY}).json()
+    after = scrape(client)
+    gained = {k: after[k] - before[k] for k in before}
+    assert gained["llamacpp:tokens_predicted_total"] == 7
+    assert gained["llamacpp:prompt_tokens_total"] == out["timings"]["prompt_n"]
+    assert gained["llamacpp:n_decode_total"] >= 7
+    assert gained["llamacpp:prompt_seconds_total"] > 0
+    assert after["llamacpp:requests_processing"] == 0
+
+
+def test_metrics_text_names(client):
+    text = client.get("/metrics").text
+    assert "# TYPE llamacpp:prompt_tokens_total counter\n" in text
+    assert "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n" in text
+    assert "# TYPE llamacpp:requests_processing gauge\n" in text
+
+
+def test_metrics_switched_off(locked):
+    with keyed(locked[0]) as c:
+        r = c.get("/metrics")
+    assert r.status_code == 501
+    assert r.json()["error"]["message"] == (
+        "This server does not support metrics endpoint. Start it with `--metrics`")
+
+
+# ---- API key, CORS, loading ----------------------------------------------------------------
+UNAUTHORIZED = {"error": {"message": "Invalid API Key", "type": "authentication_error",
+                          "code": 401}}
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/completion"), ("POST", "/v1/chat/completions"), ("GET", "/props"),
+    ("GET", "/v1/models"), ("GET", "/slots"), ("POST", "/tokenize"), ("POST", "/v1/responses"),
+])
+def test_api_key_required(locked, method, path):
+    base = locked[0]
+    assert httpx.request(method, base + path, json={}).json() == UNAUTHORIZED
+    wrong = httpx.request(method, base + path, json={}, headers={"X-Api-Key": "wrong"})
+    assert (wrong.status_code, wrong.json()) == (401, UNAUTHORIZED)
+
+
+def test_api_key_accepted_and_health_public(locked):
+    base = locked[0]
+    assert httpx.get(base + "/health").json() == {"status": "ok"}
+    assert httpx.get(base + "/v1/health").status_code == 200
+    r = httpx.post(base + "/tokenize", json={"content": "x"}, headers={"X-Api-Key": KEY})
+    assert r.status_code == 200
+    with keyed(base) as c:
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+
+
+def test_cors_and_options(locked, client):
+    r = httpx.options(locked[0] + "/v1/chat/completions", headers={"Origin": "http://app"})
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["access-control-allow-origin"] == "http://app"
+    assert r.headers["access-control-allow-methods"] == "GET, POST"
+    assert r.headers["access-control-allow-headers"] == "*"
+    assert r.headers["access-control-allow-credentials"] == "true"
+    r = client.get("/health", headers={"Origin": "http://app"})
+    assert r.headers["access-control-allow-origin"] == "http://app"
+
+
+class _LoadingReplica:
+    class _Ready:
+        async def remote(self):
+            return False
+
+    ready = _Ready()
+
+
+@pytest.mark.parametrize("handler", [info.props, info.models, info.slots, info.metrics,
+                                     unsupported.not_supported])
+def test_loading_is_503_on_every_route(handler):
+    from deployments.base import IngressBase
+    from deployments.errors import ApiError
+
+    ingress = object.__new__(IngressBase)
+    ingress.replica, ingress._ready = _LoadingReplica(), False
+    with pytest.raises(ApiError) as err:
+        asyncio.run(handler(ingress, None))
+    assert err.value.code == 503
+    assert err.value.body() == {"error": {"message": "Loading model",
+                                          "type": "unavailable_error", "code": 503}}
+
+
+# ---- routes mlxray does not serve ----------------------------------------------------------
+@pytest.mark.parametrize("path", sorted(unsupported.NOT_SUPPORTED))
+def test_unsupported_routes_answer_501(client, path):
+    method = "GET" if path in ("/models/sse", "/v1/stream") else "POST"
+    r = client.request(method, path, content=json.dumps({}))
+    assert r.status_code == 501
+    assert r.json() == {"error": {"code": 501, "message": unsupported.NOT_SUPPORTED[path],
+                                  "type": "not_supported_error"}}
+
+
+@pytest.mark.parametrize("path", unsupported.FEATURE_DISABLED)
+def test_disabled_features_answer_403(client, path):
+    for method in ("GET", "POST"):
+        r = client.request(method, path)
+        assert r.status_code == 403
+        assert r.json() == {"error": {"message": "this feature is disabled",
+                                      "type": "feature_disabled"}}
+
+
+@pytest.mark.parametrize("path", ["/embedding", "/embeddings", "/v1/embeddings"])
+def test_embeddings_off_by_default(client, path):
+    r = client.post(path, json={"input": "x"})
+    assert r.status_code == 501
+    assert r.json()["error"]["message"] == (
+        "This server does not support embeddings. Start it with `--embeddings`")
