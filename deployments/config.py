@@ -4,6 +4,7 @@ typo in a config fails at start with a clear message."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,6 +35,8 @@ class GraphArgs(BaseModel):
     slot_save_path: str | None = Field(
         None, description="folder for POST /slots/{id}?action=save|restore (--slot-save-path)")
     embeddings: bool = Field(False, description="serve the embedding routes (--embedding)")
+    pooling: Literal["none", "mean", "cls", "last"] = Field(
+        "none", description="embedding pooling (--pooling); none: the model's default here")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ray import serve
 
-from engine import aio, slot_store
+from engine import aio, embed, slot_store
 from engine.model import LoadedModel, load_model
 from engine.scheduler import Engine, EngineConfig
 from engine.types import EngineError, EngineEvent, GenerationRequest, SamplingParams
@@ -149,6 +149,16 @@ class ModelReplica:
 
     async def slot_states(self) -> list[dict]:
         return self._engine().slot_states()
+
+    async def embed(self, prompts: list[list[int]], pooling: str) -> dict:
+        """Pooled hidden states per prompt: {"result": [...]} or {"error": {...}}."""
+        engine = self._engine()
+        try:
+            vectors = await asyncio.to_thread(
+                engine.run_on_loop, lambda e: embed.embed(e, prompts, pooling))
+        except EngineError as exc:
+            return {"error": {"message": exc.message, "code": exc.code, "type": exc.type}}
+        return {"result": vectors}
 
     async def metrics(self) -> dict:
         return self._engine().metrics_snapshot()

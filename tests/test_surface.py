@@ -23,10 +23,12 @@ KEY = "sesame"
 
 @pytest.fixture(scope="module")
 def locked(deploy_app, tmp_path_factory) -> tuple[str, str]:
-    """A second graph: API key, /slots and /metrics off, POST /props on, slot files on."""
+    """A second graph: API key, /slots and /metrics off, POST /props, slot files and
+    embeddings (mean pooling) on."""
     folder = str(tmp_path_factory.mktemp("slots"))
     args = {"model": MODEL, "alias": "locked", "n_parallel": 2, "n_ctx": 512, "api_key": KEY,
-            "slots": False, "metrics": False, "props": True, "slot_save_path": folder}
+            "slots": False, "metrics": False, "props": True, "slot_save_path": folder,
+            "embeddings": True, "pooling": "mean"}
     return deploy_app("locked", args), folder
 
 
@@ -286,3 +288,46 @@ def test_embeddings_off_by_default(client, path):
     assert r.status_code == 501
     assert r.json()["error"]["message"] == (
         "This server does not support embeddings. Start it with `--embeddings`")
+
+
+def test_embeddings_are_pooled_hidden_states(locked):
+    import math
+
+    import mlx.core as mx
+    from mlx_lm import load
+
+    with keyed(locked[0]) as c:
+        tokens = c.post("/tokenize", json={"content": "def main():\n",
+                                           "add_special": True}).json()["tokens"]
+        raw = c.post("/embedding", json={"content": "def main():\n", "embd_normalize": -1})
+        unit = c.post("/embeddings", json={"input": ["def main():\n", "x"]}).json()
+        empty = c.post("/embedding", json={"content": [[]]})
+    model, _ = load(MODEL)
+    expected = mx.mean(model.model(mx.array([tokens]))[0], axis=0).tolist()
+    assert [list(x) for x in raw.json()[0].items()][0] == ["index", 0]
+    got = raw.json()[0]["embedding"]
+    assert len(got) == 1 and len(got[0]) == 128
+    assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(got[0], expected))
+    assert [e["index"] for e in unit] == [0, 1]
+    assert math.isclose(math.sqrt(sum(v * v for v in unit[0]["embedding"][0])), 1.0,
+                        rel_tol=1e-5)
+    assert (empty.status_code, empty.json()["error"]["message"]) == (
+        400, "Input content cannot be empty")
+
+
+def test_openai_embeddings_with_the_sdk(locked):
+    import base64
+    import struct
+
+    import openai
+
+    sdk = openai.OpenAI(base_url=locked[0] + "/v1", api_key=KEY, max_retries=0)
+    out = sdk.embeddings.create(model="locked", input=["def main():\n", "import os\n"])
+    assert [d.index for d in out.data] == [0, 1] and len(out.data[0].embedding) == 128
+    assert out.usage.prompt_tokens == out.usage.total_tokens > 0
+    with keyed(locked[0]) as c:
+        packed = c.post("/v1/embeddings", json={"input": "def main():\n",
+                                                "encoding_format": "base64"}).json()
+    floats = struct.unpack("<128f", base64.b64decode(packed["data"][0]["embedding"]))
+    assert all(abs(a - b) < 1e-6 for a, b in zip(floats, out.data[0].embedding))
+    assert list(packed) == ["model", "object", "usage", "data"]
