@@ -90,7 +90,9 @@ class Ingress(IngressBase):
     async def metrics(self, request: Request) -> Response:
         return await info.metrics(self, request)
 
-    # llama-server routes mlxray does not serve: a clear envelope each (routes/unsupported.py)
+    # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
+    # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy, the web UI
+    # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
     @app.post("/responses")
     @app.post("/v1/responses")
     @app.post("/responses/input_tokens")
@@ -110,15 +112,5 @@ class Ingress(IngressBase):
     @app.delete("/v1/stream")
     @app.post("/v1/streams/lookup")
     @app.post("/v1/chat/completions/control")
-    @app.post("/models")
-    @app.delete("/models")
-    @app.get("/models/sse")
-    @app.post("/models/load")
-    @app.post("/models/unload")
-    @app.get("/tools")
-    @app.post("/tools")
-    @app.get("/cors-proxy")
-    @app.post("/cors-proxy")
-    @app.post("/predict")
     async def not_supported(self, request: Request) -> Response:
         return await unsupported.not_supported(self, request)

@@ -276,9 +276,8 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
                                [DEFERRED, "deferred entry needs 'issue'"]),
     "deferred_to_a_closed_issue": (lambda f: _edit(f, DEFERRED, lambda e: e.update(issue=1)),
                                    [DEFERRED, "not an open issue"]),
-    "deferred_with_claim": (lambda f: _edit(f, "route:POST /infill",
-                                            lambda e: e.update(claim="POST /infill")),
-                            ["route:POST /infill", "deferred entry must not have 'claim'"]),
+    "deferred_with_claim": (lambda f: _edit(f, DEFERRED, lambda e: e.update(claim="x")),
+                            [DEFERRED, "deferred entry must not have 'claim'"]),
     "not_applicable_without_notes": (lambda f: _edit(f, DEFERRED, lambda e: (
         e.update(state="not_applicable", claim="x"), e.pop("issue"), e.pop("notes", None))),
         [DEFERRED, "not_applicable entry needs 'notes'"]),
