@@ -328,3 +328,32 @@ def test_openai_embeddings_with_the_sdk(locked):
     floats = struct.unpack("<128f", base64.b64decode(packed["data"][0]["embedding"]))
     assert all(abs(a - b) < 1e-6 for a, b in zip(floats, out.data[0].embedding))
     assert list(packed) == ["model", "object", "usage", "data"]
+
+
+class _BusyReplica:
+    """Every slot processing: what /slots?fail_on_no_slot=1 refuses."""
+
+    class _States:
+        async def remote(self):
+            return [{"id": i, "n_ctx": 2048, "is_processing": True, "task": None}
+                    for i in range(2)]
+
+    slot_states = _States()
+
+
+def test_fail_on_no_slot_is_503_when_all_slots_are_busy():
+    from types import SimpleNamespace
+
+    from deployments.base import IngressBase
+    from deployments.errors import ApiError
+
+    ingress = object.__new__(IngressBase)
+    ingress.replica, ingress._ready = _BusyReplica(), True
+    ingress.args = SimpleNamespace(slots=True, api_key=None)
+    request = SimpleNamespace(query_params={"fail_on_no_slot": "1"},
+                              url=SimpleNamespace(path="/slots"), method="GET", headers={})
+    with pytest.raises(ApiError) as err:
+        asyncio.run(info.slots(ingress, request))
+    assert (err.value.code, err.value.message) == (503, "no slot available")
+    request.query_params = {}
+    assert asyncio.run(info.slots(ingress, request)).status_code == 200
