@@ -11,7 +11,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +18,7 @@ from fastapi.routing import APIRoute
 
 from compat import check, render
 from compat.manifest import MANIFEST, ROOT, canonical_text, entries, load, load_shard
-from deployments.schema import FIELDS, SPECULATIVE_KEYS, Field, f32
+from deployments.schema import FIELDS, SPECULATIVE_KEYS, Field
 
 ENTRIES = entries()
 BY_ID = {e["id"]: e for e in ENTRIES}
@@ -200,22 +199,6 @@ def test_inert_field_changes_nothing(client, greedy_answer, entry):
     assert r.status_code == 200, r.text
     assert r.json()["content"] == greedy_answer["content"]
     assert r.json()["tokens"] == greedy_answer["tokens"]
-
-
-def _echo(entry: dict) -> Any:
-    example = entry["facts"]["example"]
-    if entry["facts"]["name"] == "logit_bias":
-        return [{"bias": f32(bias), "token": token} for token, bias in example]
-    return f32(example) if entry["facts"]["type"] == "float" else example
-
-
-@pytest.mark.parametrize(
-    "entry", params(checked_by("test_honored_field_reaches_generation_settings")))
-def test_honored_field_reaches_generation_settings(client, entry):
-    assert SCHEMA[entry["claim"]].policy == "honored"
-    r = client.post("/completion", json=with_example(entry, {**GREEDY, "n_predict": 1}))
-    assert r.status_code == 200, r.text
-    assert r.json()["generation_settings"][entry["facts"]["name"]] == _echo(entry)
 
 
 def test_sse_ping_after_silence():
