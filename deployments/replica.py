@@ -38,6 +38,7 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 sampling=_sampling(params, seed),
                 n_predict=params.n_predict,
                 stop=list(params.stop),
+                grammar=params.grammar,
                 ignore_eos=params.ignore_eos,
                 cache_prompt=params.cache_prompt,
                 n_indent=params.n_indent,

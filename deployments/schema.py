@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.grammar import GrammarError, json_schema_grammar
 from engine.types import DEFAULT_SAMPLERS, RANDOM_SEED
 
 from .errors import invalid
@@ -340,7 +341,9 @@ def _parse_grammar(value: Any, ctx: ParseContext) -> str:
     return value if isinstance(value, str) else ""
 
 
-GRAMMAR_ISSUE = 9
+# llguidance has no lazy (trigger-activated) grammars; llama.cpp implements them in its own GBNF
+# engine only (its LLGuidance path has none either). See docs/grammar.md.
+LAZY_GRAMMAR = "lazy grammars are not available with the llguidance engine, see docs/grammar.md"
 
 FIELDS: tuple[Field, ...] = (
     Field("verbose", "bool", policy="inert"),
@@ -392,9 +395,8 @@ FIELDS: tuple[Field, ...] = (
     Field("post_sampling_probs", "bool"),
     Field("lora", "custom", parse=_parse_lora, policy="inert"),
     Field("dry_sequence_breakers", "custom", parse=_parse_breakers),
-    Field("json_schema", "custom", aliases=("grammar",), parse=_parse_any, policy="refused",
-          issue=GRAMMAR_ISSUE),
-    Field("grammar_lazy", "bool", policy="refused", issue=GRAMMAR_ISSUE),
+    Field("json_schema", "custom", aliases=("grammar",), parse=_parse_any),
+    Field("grammar_lazy", "bool", policy="refused", reason=LAZY_GRAMMAR),
     Field("chat_format", "int32", policy="inert"),
     Field("reasoning_format", "custom", parse=_parse_reasoning_format, policy="inert"),
     Field("generation_prompt", "str", policy="inert"),
@@ -402,9 +404,9 @@ FIELDS: tuple[Field, ...] = (
     Field("chat_parser", "custom", parse=_parse_any, policy="inert"),
     Field("continue_final_message", "bool", policy="inert"),
     Field("grammar_triggers", "custom", parse=_parse_grammar_triggers, policy="refused",
-          issue=GRAMMAR_ISSUE),
+          reason=LAZY_GRAMMAR),
     Field("preserved_tokens", "custom", parse=_parse_preserved, policy="refused",
-          issue=GRAMMAR_ISSUE),
+          reason=LAZY_GRAMMAR),
     Field("echo", "bool", policy="inert"),
     Field("reasoning_control", "custom", parse=_parse_any, policy="inert"),
     # the reference's reasoning-budget sampler reads these on /completion too: refused until honored
@@ -491,13 +493,7 @@ def _post_process(params: CompletionParams, body: dict, ctx: ParseContext,
     # dry_base below 1 falls back to the server default
     if params.dry_base < 1.0:
         params.dry_base = defaults.dry_base
-    # json_schema is an alias of grammar: a string under either key is GBNF, an object a schema
-    schema = params.json_schema
-    params.json_schema = None
-    if isinstance(body.get("grammar"), str):
-        params.grammar = body["grammar"]
-    elif schema is not None and body.get("grammar") is None:
-        params.json_schema = schema
+    _resolve_grammar(params, body)
     if params.grammar_lazy and not params.grammar_triggers and "grammar_lazy" in params.sent:
         raise invalid("Field 'grammar_triggers': Error: no triggers set for lazy grammar!")
     if params.ignore_eos:
@@ -507,6 +503,22 @@ def _post_process(params: CompletionParams, body: dict, ctx: ParseContext,
     id_slot = body.get("id_slot", -1)
     params.id_slot = id_slot if isinstance(id_slot, int) and not isinstance(id_slot, bool) else -1
     _refuse_unsupported(params, defaults)
+
+
+def _resolve_grammar(params: CompletionParams, body: dict) -> None:
+    """``grammar`` (GBNF, or Lark after ``%llguidance``) wins when both are sent; a
+    ``json_schema`` alone is converted, and the grammar it becomes is what gets echoed."""
+    schema = params.json_schema
+    params.json_schema = None
+    if isinstance(body.get("grammar"), str):
+        params.grammar = body["grammar"]
+    elif body.get("grammar") is None and schema is not None:
+        try:
+            params.grammar = json_schema_grammar(schema)
+        except GrammarError as exc:
+            raise invalid(f"Field 'json_schema': \"json_schema\": JSON schema conversion "
+                          f"failed:\n{exc}") from None
+        params.json_schema = schema
 
 
 def is_default(spec: Field, params: CompletionParams, defaults: CompletionParams) -> bool:
@@ -519,10 +531,7 @@ def _refuse_unsupported(params: CompletionParams, defaults: CompletionParams) ->
     for spec in FIELDS:
         if spec.policy != "refused" or spec.name not in params.sent:
             continue
-        if spec.name in ("json_schema",):
-            active = bool(params.grammar) or params.json_schema is not None
-        else:
-            active = not is_default(spec, params, defaults)
+        active = not is_default(spec, params, defaults)
         if active and spec.reason:
             raise invalid(f"Field '{spec.name}': not supported by mlxray ({spec.reason})")
         if active:

@@ -22,6 +22,7 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 
+from .grammar import GrammarCache, GrammarError, GrammarProcessor
 from .model import LoadedModel
 from .prefix_cache import PrefixCache
 from .sampling import (
@@ -81,6 +82,7 @@ class Task:
     text: TextState
     seed: int
     slot: Slot | None = None
+    grammar: GrammarProcessor | None = None
     uid: int = -1
     n_prompt: int = 0
     n_cache: int = 0
@@ -132,6 +134,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
         self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
+        self.grammars = GrammarCache(loaded.vocab.hf, self.vocab.n_vocab, self.vocab.eog_ids)
         self._inbox: queue.Queue = queue.Queue()
         # admission units in arrival order: one prompt with its n_cmpl children, admitted at once
         self._waiting: deque[list[Task]] = deque()
@@ -167,6 +170,17 @@ class Engine:
 
     def validate(self, req: GenerationRequest) -> None:
         check_prompt(req.prompt_tokens, self.vocab.n_vocab, self.config.n_ctx)
+        if req.grammar:
+            try:
+                self.grammars.template(req.grammar)  # compiled once, cached for the launch
+            except GrammarError as exc:
+                log.info("grammar refused: %s", exc)
+                raise EngineError(
+                    "Failed to initialize samplers: failed to parse grammar") from None
+            except Exception as exc:  # e.g. a tokenizer llguidance cannot read (not "fast")
+                log.exception("grammar engine failed")
+                raise EngineError(f"Failed to initialize samplers: {exc}", 500,
+                                  "server_error") from None
 
     def submit(self, requests: list[GenerationRequest], sink: Sink) -> int:
         """Queue the sequences of one client request; returns the group id for ``cancel``."""
@@ -420,6 +434,9 @@ class Engine:
             record = task.recorded.append
         elif sampling.n_probs > 0:
             processors.insert(0, recorder(task.recorded.append))
+        if task.req.grammar:
+            task.grammar = self.grammars.processor(task.req.grammar)
+            processors.append(task.grammar)
         return make_sampler(sampling, task.seed, self.vocab.n_vocab, record), processors
 
     def _progress(self, task: Task, processed: int) -> ProgressEvent:
@@ -519,6 +536,9 @@ class Engine:
                 task.stop_type = "limit"
         if is_eog:
             task.stop_type = "eos"
+        if task.grammar is not None and task.grammar.error:
+            # every token the grammar allowed was banned (logit_bias): the sequence fails alone
+            raise EngineError(f"the output does not match the grammar: {task.grammar.error}")
 
     def _probs(self, token: int, sent: bytes, recorded: mx.array | None,
                sampling: SamplingParams) -> TokenProbs:

@@ -67,6 +67,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1  # -1: until the context is full
     stop: list[str] = field(default_factory=list)
+    grammar: str = ""  # GBNF, or Lark after "%llguidance"; "" for none
     ignore_eos: bool = False
     cache_prompt: bool = True
     n_indent: int = 0

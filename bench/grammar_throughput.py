@@ -1,0 +1,75 @@
+"""Aggregate decode throughput of 8 concurrent sequences with none, half or all constrained.
+
+    python bench/grammar_throughput.py [N_PREDICT] [REPEATS]
+
+Engine level (no HTTP): every configuration runs REPEATS times round-robin, so drift in the
+machine's load hits each alike, and the best run is reported (docs/grammar.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from engine import aio
+from engine.grammar import json_schema_grammar
+from engine.model import load_model
+from engine.scheduler import Engine, EngineConfig
+from engine.types import FinalEvent, GenerationRequest, SamplingParams
+
+PROMPTS = ["def main():\n", "import os\n", "class Foo:\n    def __init__(self",
+           "    for i in range(", "x = 1\n", "def f(a, b):\n", "# comment\n", "for k in d:\n"]
+# grammars that cannot end before N_PREDICT, so every sequence decodes the whole time
+GRAMMARS = {
+    "gbnf_chars": "root ::= [a-zA-Z0-9 _,.:()=\\n]{600}",
+    "json_array": json_schema_grammar({"type": "array", "items": {"type": "integer"},
+                                       "minItems": 200, "maxItems": 200}),
+}
+
+
+def run(engine: Engine, prompts: list[list[int]], grammar: str, n_constrained: int,
+        n_predict: int) -> float:
+    requests = [GenerationRequest(tokens, SamplingParams(temperature=1.0, seed=i),
+                                  n_predict=n_predict, cache_prompt=False, index=i,
+                                  grammar=grammar if i < n_constrained else "")
+                for i, tokens in enumerate(prompts)]
+
+    async def collect() -> list[FinalEvent]:
+        finals = []
+        async for batch in aio.generate(engine, requests):
+            finals += [e for e in batch if isinstance(e, FinalEvent)]
+        return finals
+
+    start = time.perf_counter()
+    finals = asyncio.run(collect())
+    wall = time.perf_counter() - start
+    assert all(f.n_predicted == n_predict for f in finals)
+    return sum(f.n_predicted for f in finals) / wall
+
+
+def main() -> None:
+    n_predict = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    engine = Engine(load_model("models/tiny-python"),
+                    EngineConfig(n_parallel=8, n_ctx=1024, n_batch=64))
+    engine.start()
+    prompts = [engine.vocab.tokenize(p, add_special=True) for p in PROMPTS]
+    configs = {"none": ("", 0)}
+    configs.update({f"{name}_half": (g, 4) for name, g in GRAMMARS.items()})
+    configs.update({f"{name}_all": (g, 8) for name, g in GRAMMARS.items()})
+    for grammar, n in configs.values():  # warm up and compile
+        run(engine, prompts, grammar, n, 8)
+    rates: dict[str, list[float]] = {label: [] for label in configs}
+    for _ in range(repeats):
+        for label, (grammar, n) in configs.items():
+            rates[label].append(run(engine, prompts, grammar, n, n_predict))
+    base = max(rates["none"])
+    print(json.dumps({label: {"tok_per_s": round(max(r), 1), "ratio": round(max(r) / base, 3)}
+                      for label, r in rates.items()}, indent=1))
+    engine.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Constrained decoding with llguidance: grammar strings in, one token mask per step out.
+
+A grammar string is llama.cpp's: GBNF, or Lark when it starts with ``%llguidance`` (what a
+llama.cpp built with LLGuidance accepts). Compiling is paid once per distinct grammar: the
+``GrammarCache`` keeps a template matcher per grammar and every sequence gets a cheap deep copy.
+The ``GrammarProcessor`` is an mlx-lm logits processor: at each decode step it consumes the token
+sampled at the previous step, then masks every token the grammar does not allow next (EOS only
+when the grammar accepts).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+LARK_PREFIX = "%llguidance"
+NEG_INF = float("-inf")
+# llama.cpp's json_schema_to_grammar separates items and keys with ", " and ": " and gives an
+# object no properties beyond the listed ones unless additionalProperties says so.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """A grammar that does not parse or compile; the message is llguidance's."""
+
+
+def to_lark(grammar: str) -> str:
+    """llama.cpp's rule: ``%llguidance`` selects Lark, anything else is GBNF."""
+    if grammar.lstrip().startswith(LARK_PREFIX):
+        return grammar
+    try:
+        return gbnf_to_lark(grammar)
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare Exception too
+        raise GrammarError(str(exc)) from None
+
+
+def json_schema_grammar(schema: Any) -> str:
+    """A JSON schema as a grammar string (Lark with an inline ``%json``); raises GrammarError
+    when llguidance cannot compile the schema."""
+    if not isinstance(schema, dict):
+        raise GrammarError(f"Unrecognized schema: {json.dumps(schema)}")
+    normalized = _close_objects(schema)
+    guidance = normalized.get("x-guidance")
+    normalized["x-guidance"] = {**JSON_OPTIONS, **(guidance if isinstance(guidance, dict) else {})}
+    error = llguidance.LLMatcher.validate_grammar(
+        llguidance.LLMatcher.grammar_from_json_schema(normalized))
+    if error:
+        raise GrammarError(error)
+    body = json.dumps(normalized, ensure_ascii=False, separators=(",", ":"))
+    return f"{LARK_PREFIX} {{}}\nstart: %json {body}\n"
+
+
+def _close_objects(node: Any) -> Any:
+    """A copy where every object schema with ``properties`` and no ``additionalProperties``
+    allows no other keys (llama.cpp's default, unlike JSON Schema's)."""
+    if isinstance(node, list):
+        return [_close_objects(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
+                value, dict):
+            out[key] = {k: _close_objects(v) for k, v in value.items()}
+        elif key in ("items", "additionalProperties", "not", "anyOf", "oneOf", "allOf",
+                     "prefixItems", "if", "then", "else", "contains"):
+            out[key] = _close_objects(value)
+        else:
+            out[key] = value
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+class GrammarCache:
+    """Compiled grammars for one vocabulary, least recently used first out (thread-safe)."""
+
+    def __init__(self, hf_tokenizer: Any, n_vocab: int, eos_ids: set[int], size: int = 32):
+        self._hf = hf_tokenizer
+        self.n_vocab = n_vocab
+        self.eos_ids = sorted(eos_ids)
+        self.size = size
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiles = 0
+
+    def _lltokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:  # ~1 s for a 150k vocabulary: built on first use
+            self._tokenizer = llguidance.hf.from_tokenizer(
+                self._hf, n_vocab=self.n_vocab, eos_token=self.eos_ids or None)
+        return self._tokenizer
+
+    def template(self, grammar: str) -> llguidance.LLMatcher:
+        """The compiled grammar; raises GrammarError if it does not parse or compile."""
+        with self._lock:
+            found = self._templates.get(grammar)
+            if found is not None:
+                self._templates.move_to_end(grammar)
+                return found
+            lark = to_lark(grammar)
+            matcher = llguidance.LLMatcher(self._lltokenizer(),
+                                           llguidance.LLMatcher.grammar_from_lark(lark),
+                                           log_level=0)
+            if matcher.is_error():
+                raise GrammarError(matcher.get_error())
+            self.compiles += 1
+            self._templates[grammar] = matcher
+            if len(self._templates) > self.size:
+                self._templates.popitem(last=False)
+            return matcher
+
+    def processor(self, grammar: str) -> GrammarProcessor:
+        return GrammarProcessor(self.template(grammar).deep_copy(), self.n_vocab, self.eos_ids)
+
+
+class GrammarProcessor:
+    """mlx-lm logits processor for one sequence. mlx-lm calls it once per decode step with the
+    context whose last token is the one sampled at the previous step (a prompt token the first
+    time), so it consumes that token before computing the next mask."""
+
+    __slots__ = ("matcher", "n_vocab", "eos_ids", "started", "_bits")
+
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, eos_ids: list[int]):
+        self.matcher = matcher
+        self.n_vocab = n_vocab
+        self.eos_ids = eos_ids
+        self.started = False
+        self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error() if self.matcher.is_error() else ""
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self.started:
+            self.matcher.consume_token(int(tokens[-1].item()))
+        self.started = True
+        allowed = self.allowed()
+        width = logits.shape[-1]
+        if width > self.n_vocab:  # the model's padded rows are never allowed
+            allowed = np.concatenate([allowed, np.zeros(width - self.n_vocab, dtype=bool)])
+        return mx.where(mx.array(allowed[:width]), logits, NEG_INF)
+
+    def allowed(self) -> np.ndarray:
+        """A bool per vocabulary id; after an error only EOS, so the sequence ends at once."""
+        if self.matcher.is_error():
+            mask = np.zeros(self.n_vocab, dtype=bool)
+            mask[self.eos_ids] = True
+            return mask
+        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].view(
+            bool)

@@ -1,0 +1,223 @@
+"""Constrained decoding: json_schema and GBNF on /completion (HTTP, stream and not), the
+reference's errors and echo, and grammar-constrained sequences sharing a batch in the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from deployments.errors import ApiError
+from deployments.schema import CompletionParams, ParseContext, parse_completion
+from engine import aio
+from engine.model import load_model
+from engine.scheduler import Engine, EngineConfig
+from engine.types import ErrorEvent, FinalEvent, GenerationRequest, SamplingParams, TokenEvent
+
+from .conftest import MODEL
+from .test_http import PROMPTS, sse_events
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+YES_NO = 'root ::= "yes" | "no"'
+
+
+def valid_n(content: str) -> bool:
+    value = json.loads(content)
+    return (isinstance(value, dict) and set(value) == {"n"} and isinstance(value["n"], int)
+            and not isinstance(value["n"], bool))
+
+
+async def _complete(client: httpx.AsyncClient, body: dict) -> tuple[int, dict | list]:
+    if not body.get("stream"):
+        r = await client.post("/completion", json=body)
+        return r.status_code, r.json()
+    async with client.stream("POST", "/completion", json=body) as r:
+        text = (await r.aread()).decode()
+    if not r.headers["content-type"].startswith("text/event-stream"):
+        return r.status_code, json.loads(text)
+    return r.status_code, sse_events(text)
+
+
+def complete_all(base_url: str, bodies: list[dict]) -> list[tuple[int, dict | list]]:
+    async def main():
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            return await asyncio.gather(*[_complete(client, b) for b in bodies])
+
+    return asyncio.run(main())
+
+
+def content_of(result: dict | list) -> str:
+    if isinstance(result, list):  # stream: the partials carry the text
+        assert result[-1]["stop"] is True and result[-1]["stop_type"] == "eos"
+        return "".join(e["content"] for e in result)
+    assert result["stop_type"] == "eos"
+    return result["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_validates_for_20_seeds(base_url, stream):
+    bodies = [{"prompt": PROMPTS[seed % len(PROMPTS)], "json_schema": SCHEMA, "seed": seed,
+               "temperature": 1.0, "n_predict": 48, "stream": stream} for seed in range(20)]
+    results = complete_all(base_url, bodies)
+    assert [status for status, _ in results] == [200] * 20
+    contents = [content_of(result) for _, result in results]
+    assert all(valid_n(c) for c in contents), contents
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gbnf_yes_or_no(base_url, stream):
+    bodies = [{"prompt": PROMPTS[seed % len(PROMPTS)], "grammar": YES_NO, "seed": seed,
+               "temperature": 1.0, "n_predict": 16, "stream": stream} for seed in range(8)]
+    results = complete_all(base_url, bodies)
+    assert [status for status, _ in results] == [200] * 8
+    assert {content_of(result) for _, result in results} <= {"yes", "no"}
+
+
+def test_generation_settings_echo_the_grammar(client):
+    body = {"prompt": "x = ", "n_predict": 48, "temperature": 0}
+    gbnf = client.post("/completion", json={**body, "grammar": YES_NO}).json()
+    assert gbnf["generation_settings"]["grammar"] == YES_NO
+    schema = client.post("/completion", json={**body, "json_schema": SCHEMA}).json()
+    echoed = schema["generation_settings"]["grammar"]
+    assert echoed.startswith("%llguidance {}\nstart: %json ")
+    # the echo is itself a grammar: sent back, it constrains the same way
+    again = client.post("/completion", json={**body, "grammar": echoed}).json()
+    assert again["content"] == schema["content"] and valid_n(again["content"])
+
+
+def test_grammar_wins_over_json_schema(client):
+    r = client.post("/completion", json={"prompt": "x = ", "n_predict": 8, "temperature": 0,
+                                         "json_schema": SCHEMA, "grammar": 'root ::= "qq"'})
+    assert r.status_code == 200
+    assert r.json()["content"] == "qq"
+    assert r.json()["generation_settings"]["grammar"] == 'root ::= "qq"'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_invalid_gbnf_is_refused_before_generation(client, stream):
+    r = client.post("/completion", json={"prompt": "x", "grammar": "root ::= nope",
+                                         "stream": stream})
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {"error": {"code": 400, "type": "invalid_request_error",
+                                  "message": "Failed to initialize samplers: failed to parse "
+                                             "grammar"}}
+
+
+def test_unconvertible_json_schema_names_the_field(client):
+    r = client.post("/completion", json={"prompt": "x", "json_schema": {"type": "nonsense-type"}})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(
+        "Field 'json_schema': \"json_schema\": JSON schema conversion failed:\n")
+
+
+def test_schema_resolution_rules():
+    defaults = CompletionParams()
+    ctx = ParseContext()
+    assert parse_completion({"grammar": {"type": "object"}}, ctx, defaults).grammar == ""
+    assert parse_completion({"grammar": YES_NO}, ctx, defaults).grammar == YES_NO
+    assert parse_completion({"json_schema": SCHEMA, "grammar": YES_NO}, ctx,
+                            defaults).grammar == YES_NO
+    assert "%json" in parse_completion({"json_schema": SCHEMA}, ctx, defaults).grammar
+    with pytest.raises(ApiError, match="no triggers set for lazy grammar"):
+        parse_completion({"grammar": YES_NO, "grammar_lazy": True}, ctx, defaults)
+    lazy = {"grammar": YES_NO, "grammar_lazy": True, "grammar_triggers": [{"type": 1,
+                                                                          "value": "y"}]}
+    with pytest.raises(ApiError, match=r"^Field 'grammar_lazy': not supported by mlxray \(lazy"):
+        parse_completion(lazy, ctx, defaults)
+
+
+# ---- the engine: constrained and free sequences in one batch --------------------------------
+@pytest.fixture(scope="module")
+def engine():
+    eng = Engine(load_model(MODEL), EngineConfig(n_parallel=8, n_ctx=512, n_batch=16))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def run(engine: Engine, requests: list[GenerationRequest]) -> list:
+    async def collect():
+        events = []
+        async for batch in aio.generate(engine, requests):
+            events += batch
+        return events
+
+    return asyncio.run(collect())
+
+
+def test_half_constrained_batch_decodes_together(engine):
+    """Eight sequences, four under a grammar, admitted at once: every decode step carries all
+    eight until the short constrained ones end, free ones match their greedy output alone, and
+    the grammar compiles once."""
+    schema = parse_completion({"json_schema": SCHEMA}, ParseContext(), CompletionParams()).grammar
+    prompts = [engine.vocab.tokenize(p, add_special=True) for p in PROMPTS]
+
+    def request(i: int, grammar: str) -> GenerationRequest:
+        sampling = SamplingParams(temperature=1.0 if grammar else 0.0, seed=i)
+        return GenerationRequest(prompts[i], sampling, n_predict=24, grammar=grammar,
+                                 stream=True, index=i)
+
+    alone = [run(engine, [request(i, "")]) for i in range(1, 8, 2)]
+    steps: list[int] = []
+    original = engine._bg.next
+
+    def counting_next():
+        prompt_responses, generation_responses = original()
+        steps.append(len(generation_responses))
+        return prompt_responses, generation_responses
+
+    compiles = engine.grammars.compiles
+    engine._bg.next = counting_next
+    try:
+        events = run(engine, [request(i, schema if i % 2 == 0 else "") for i in range(8)])
+    finally:
+        del engine._bg.next
+    assert engine.grammars.compiles == compiles + 1
+    assert max(steps) == 8
+    finals = {e.index: e for e in events if isinstance(e, FinalEvent)}
+    assert all(valid_n(finals[i].content) for i in range(0, 8, 2))
+    for i, solo in zip(range(1, 8, 2), alone):
+        assert finals[i].tokens == next(e for e in solo if isinstance(e, FinalEvent)).tokens
+    order = [e.index for e in events if isinstance(e, TokenEvent)]
+    assert order.index(1) < max(j for j, x in enumerate(order) if x == 0)
+
+
+def test_eos_only_when_the_grammar_accepts(engine):
+    """The mask admits EOS only once the grammar accepts, and nothing else once it is complete;
+    a second processor for the same grammar reuses the compiled template."""
+    vocab = engine.vocab
+    eos = sorted(vocab.eog_ids)
+    compiles = engine.grammars.compiles
+    processor = engine.grammars.processor('root ::= "ab" "c"?')
+    assert engine.grammars.processor('root ::= "ab" "c"?') is not processor
+    assert engine.grammars.compiles == compiles + 1
+    assert not processor.allowed()[eos].any()
+    assert processor.matcher.consume_tokens(vocab.tokenize("ab", add_special=False))
+    allowed = processor.allowed()
+    assert allowed[eos].all() and allowed.sum() > len(eos)  # "c" may still come
+    assert processor.matcher.consume_tokens(vocab.tokenize("c", add_special=False))
+    assert set(processor.allowed().nonzero()[0]) == set(eos)
+
+
+def test_grammar_dead_end_fails_that_sequence_alone(engine):
+    """Every token the grammar allows is banned (EOS after "yes"): that request ends with an
+    error event; another request decoding in the same batch completes."""
+    eos = sorted(engine.vocab.eog_ids)
+    banned = SamplingParams(temperature=0.0, logit_bias=[(t, None) for t in eos])
+    prompt = engine.vocab.tokenize("x = ", add_special=True)
+    dead_end = GenerationRequest(prompt, banned, n_predict=8, grammar='root ::= "yes"')
+    free = GenerationRequest(prompt, SamplingParams(temperature=0.0), n_predict=8)
+
+    async def both():
+        async def collect(request):
+            return [e async for batch in aio.generate(engine, [request]) for e in batch]
+
+        return await asyncio.gather(collect(dead_end), collect(free))
+
+    failed, completed = asyncio.run(both())
+    assert isinstance(failed[-1], ErrorEvent) and failed[-1].code == 500
+    assert "does not match the grammar" in failed[-1].message
+    assert isinstance(completed[-1], FinalEvent) and completed[-1].stop_type in ("limit", "eos")
