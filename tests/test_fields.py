@@ -98,8 +98,9 @@ TABLE: dict[str, Case] = {
     "ignore_eos": case("honored", {"ignore_eos": True}, {"logit_bias": [[EOS, 30.0]]}),
     "stop": case("honored", {}, proof="capture:stop_newline"),
     "samplers": case("honored", {"samplers": ["top_k", "min_p"]}),
-    # grammar (issue #9)
-    "json_schema": case("refused", {"json_schema": {"type": "object"}}),
+    # grammar: honored (tests/test_grammar.py); lazy grammars refused (docs/grammar.md)
+    "json_schema": case("honored", {},
+                        proof="test:test_grammar.test_json_schema_validates_for_20_seeds"),
     "grammar_lazy": case("refused", {"grammar_lazy": True,
                                      "grammar_triggers": [{"type": 0, "value": "x"}]}),
     "grammar_triggers": case("refused", {"grammar_triggers": [{"type": 0, "value": "x"}]}),
