@@ -129,6 +129,52 @@ def test_schema_resolution_rules():
         parse_completion(lazy, ctx, defaults)
 
 
+# ---- the OpenAI chat route: response_format becomes the native json_schema ----------------
+def chat_all(base_url: str, bodies: list[dict]) -> list[tuple[int, str, str]]:
+    """(status, content, finish_reason) per body, streamed or not."""
+    async def one(client: httpx.AsyncClient, body: dict) -> tuple[int, str, str]:
+        if not body.get("stream"):
+            r = await client.post("/v1/chat/completions", json=body)
+            choice = r.json()["choices"][0] if r.status_code == 200 else {}
+            return r.status_code, choice.get("message", {}).get("content"), choice.get(
+                "finish_reason")
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            text = (await r.aread()).decode()
+        frames = [json.loads(line[6:]) for line in text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        choices = [f["choices"][0] for f in frames if f.get("choices")]
+        content = "".join(c["delta"].get("content") or "" for c in choices)
+        return r.status_code, content, choices[-1]["finish_reason"]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            return await asyncio.gather(*[one(client, b) for b in bodies])
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_response_format(base_url, stream):
+    """json_schema and json_object (with its schema) on /v1/chat/completions constrain the
+    content, streamed or not, for several seeds at temperature 1."""
+    messages = [{"role": "user", "content": "Give me n as JSON."}]
+    formats = [{"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}},
+               {"type": "json_object", "schema": SCHEMA}]
+    bodies = [{"messages": messages, "response_format": formats[seed % 2], "seed": seed,
+               "temperature": 1.0, "max_tokens": 48, "stream": stream} for seed in range(8)]
+    results = chat_all(base_url, bodies)
+    assert [(status, finish) for status, _, finish in results] == [(200, "stop")] * 8
+    assert all(valid_n(content) for _, content, _ in results)
+
+
+def test_chat_response_format_unknown_type_is_refused(client):
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                  "response_format": {"type": "yaml"}})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ('response_format type must be one of "text" or '
+                                            '"json_object", but got: yaml')
+
+
 # ---- the engine: constrained and free sequences in one batch --------------------------------
 @pytest.fixture(scope="module")
 def engine():
