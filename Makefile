@@ -1,4 +1,5 @@
-# mlxray: `make serve` sets up and serves the default model; `make test` runs the tests.
+# mlxray: `make serve` sets up and serves the default model; `make test` runs the tests;
+# `make bench` runs the benchmark (BENCH_ARGS=--quick for the short one).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
@@ -35,8 +36,12 @@ compat: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-bench: install
-	$(PY) -m bench
+bench: install $(VENV)/.bench-installed
+	$(PY) -m bench $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: pyproject.toml
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,184 @@
+"""python -m bench: the engine floor, the graph over HTTP and the prefix cache, side by side.
+
+Writes ``<out>.json`` and ``<out>.png`` (default docs/bench/latest, or docs/bench/quick with
+--quick), refreshes the table in docs/performance.md after a full run, and prints the four target
+ratios last, one per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from . import REPO
+from .ratios import compute_ratios, percentile, ratio_lines, summarize
+
+LLAMA_GGUF = REPO.parent / "shared" / "reference" / "model.gguf"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/tiny-python", help="model folder (default: the "
+                   "embedded model)")
+    p.add_argument("--concurrency", default="1,4,16",
+                   help="comma-separated concurrency levels (default 1,4,16)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="generated tokens per request (default 128; 32 with --quick)")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (default 64)")
+    p.add_argument("--prefix-tokens", type=int, default=1000,
+                   help="prompt length of the prefix-cache test (default 1000)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per concurrency level (default max(8, 3*c); quick max(4, 2*c))")
+    p.add_argument("--n-batch", type=int, default=512, help="prefill chunk (default 512)")
+    p.add_argument("--out", default=None,
+                   help="output path without suffix (default docs/bench/latest, "
+                        "docs/bench/quick with --quick)")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter requests (< 3 minutes)")
+    p.add_argument("--no-graph", action="store_true", help="skip the serve run (engine only)")
+    p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's BatchGenerator")
+    return p.parse_args(argv)
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def machine_info() -> dict:
+    import mlx.core as mx
+
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "device": str(mx.default_device()),
+            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def llama_cpp_anchor(prompt_text: str, n_tokens: int) -> dict | None:
+    """llama.cpp's own speed on the same weights, when llama-cpp-python and the GGUF exist."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    if not LLAMA_GGUF.exists():
+        return None
+    llm = Llama(model_path=str(LLAMA_GGUF), n_ctx=2048, n_batch=512, verbose=False)
+    llm(prompt_text, max_tokens=4, temperature=0.0)  # warm-up
+    start = time.perf_counter()
+    out = llm(prompt_text, max_tokens=n_tokens, temperature=0.0, logit_bias={
+        int(t): float("-inf") for t in [llm.token_eos()]})
+    wall = time.perf_counter() - start
+    n = out["usage"]["completion_tokens"]
+    return {"model": str(LLAMA_GGUF), "tokens": n, "wall_s": round(wall, 4),
+            "tokens_per_s": round(n / wall, 2), "llama_cpp_python": _version("llama-cpp-python")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    from deployments.config import GraphArgs
+    from engine.model import load_model
+
+    from . import engine_floor, graph, report
+    from .workload import Workload, make_prompts
+
+    levels = sorted({int(c) for c in args.concurrency.split(",")})
+    n_tokens = args.tokens or (32 if args.quick else 128)
+    n_parallel = max(levels)
+    n_ctx = max(2048, args.prefix_tokens + 64)
+    out = REPO / (args.out or ("docs/bench/quick" if args.quick else "docs/bench/latest"))
+
+    def n_requests(c: int) -> int:
+        return args.requests or (max(4, 2 * c) if args.quick else max(8, 3 * c))
+
+    model_path = GraphArgs(model=args.model).model_path
+    loaded = load_model(model_path)
+    n_prompts = max(n_requests(c) for c in levels)
+    work = Workload(n_tokens, make_prompts(loaded.vocab, n_prompts, args.prompt_tokens))
+    warmup = Workload(8, work.prompts[:n_parallel])
+    n_prefix = 2 if args.quick else 4
+    prefix_prompts = make_prompts(loaded.vocab, n_prefix, args.prefix_tokens, stride=1009)
+
+    systems = [s for s, skip in (("mlx_lm", args.no_mlx_lm), ("engine", False),
+                                 ("graph", args.no_graph)) if not skip]
+    total = sum(n_requests(c) for c in levels) * len(systems)
+    total += 0 if args.no_graph else 2 * n_prefix
+    bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True)
+    runs: dict[str, dict[str, dict]] = {s: {} for s in systems}
+    started = time.perf_counter()
+    doc: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "model": model_path, "model_name": Path(model_path).name,
+                 "quick": args.quick, "n_tokens": n_tokens, "prompt_tokens": args.prompt_tokens,
+                 "n_parallel": n_parallel, "n_batch": args.n_batch, "n_ctx": n_ctx,
+                 "machine": machine_info(),
+                 "versions": {k: _version(k) for k in ("mlx", "mlx-lm", "ray")},
+                 "workload": "closed loop, greedy, ignore_eos, cache_prompt false, "
+                             "distinct prompts; the graph streams over HTTP"}
+    doc["versions"]["mlx_lm"] = doc["versions"].pop("mlx-lm")
+
+    def measure(system: str, c: int, run) -> None:
+        bar.set_description(f"{system} c={c}")
+        timings, wall = run(c, n_requests(c), lambda: bar.update(1))
+        runs[system][str(c)] = summarize(timings, wall)
+
+    try:
+        if "mlx_lm" in systems:
+            engine_floor.run_mlx_lm(loaded, warmup, n_parallel, n_parallel, n_parallel,
+                                    args.n_batch, lambda: None)
+            for c in levels:
+                measure("mlx_lm", c, lambda c, n, p: engine_floor.run_mlx_lm(
+                    loaded, work, c, n, n_parallel, args.n_batch, p))
+        engine = engine_floor.start_engine(loaded, n_parallel, n_ctx, args.n_batch)
+        try:
+            engine_floor.run_engine(engine, warmup, n_parallel, n_parallel, lambda: None)
+            for c in levels:
+                measure("engine", c, lambda c, n, p: engine_floor.run_engine(
+                    engine, work, c, n, p))
+        finally:
+            engine.stop()
+        if "graph" in systems:
+            bar.set_description("serve run: starting")
+            log_path = out.with_suffix(".serve.log")
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with graph.serve_graph(model_path, n_parallel, n_ctx, args.n_batch,
+                                   log_path) as base:
+                graph.run_graph(base, warmup, n_parallel, n_parallel, lambda: None)
+                for c in levels:
+                    measure("graph", c, lambda c, n, p: graph.run_graph(base, work, c, n, p))
+                bar.set_description("prefix cache")
+                cold, warm = graph.run_prefix(base, prefix_prompts, lambda: bar.update(1))
+            doc["prefix_cache"] = {
+                "prompt_tokens": args.prefix_tokens, "prompts": n_prefix,
+                "cold_ttft_ms": [round(x, 3) for x in cold],
+                "warm_ttft_ms": [round(x, 3) for x in warm],
+                "cold_ttft_ms_p50": round(percentile(cold, 50), 3),
+                "warm_ttft_ms_p50": round(percentile(warm, 50), 3)}
+            log_path.unlink(missing_ok=True)
+    finally:
+        bar.close()
+    doc["llama_cpp"] = llama_cpp_anchor(loaded.vocab.detokenize(work.prompts[0]), n_tokens)
+    doc["runs"] = runs
+    doc["ratios"] = compute_ratios(runs, doc.get("prefix_cache"))
+    doc["elapsed_s"] = round(time.perf_counter() - started, 1)
+    report.write_json(doc, out.with_suffix(".json"))
+    report.write_plot(doc, out.with_suffix(".png"))
+    if not args.quick and args.out is None:
+        report.update_performance_md(doc, REPO / "docs" / "performance.md")
+    print(report.markdown_table(doc))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')} "
+          f"in {doc['elapsed_s']} s")
+    for line in ratio_lines(doc["ratios"]):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

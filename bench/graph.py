@@ -1,0 +1,165 @@
+"""Through the graph: a ``serve run`` of the graph started here on a free port, streamed over
+HTTP by an aiohttp client, ``concurrency`` requests in flight; stopped by its PID at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from . import REPO
+from .ratios import RequestTiming
+from .workload import Workload, completion_body
+
+Progress = Callable[[], None]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: int) -> dict:
+    """configs/local.yaml with the bench's model, slots and port."""
+    config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    config["http_options"]["port"] = port
+    app = config["applications"][0]
+    app["args"].update({"model": model, "n_parallel": n_parallel, "n_ctx": n_ctx,
+                        "n_batch": n_batch, "max_queue": 4096})
+    for deployment in app.get("deployments", []):
+        if deployment.get("name") == "ModelReplica":
+            deployment["max_ongoing_requests"] = max(64, 4 * n_parallel)
+    return config
+
+
+@contextmanager
+def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
+                log_path: Path, timeout: float = 240.0) -> Iterator[str]:
+    """Yield the base URL of a healthy ``serve run``; stop it (its process group, by PID)."""
+    port = free_port()
+    config = graph_config(model, port, n_parallel, n_ctx, n_batch)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
+                                     delete=False) as f:
+        yaml.safe_dump(config, f)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    serve = Path(sys.executable).with_name("serve")
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([str(serve), "run", "--address", "local", f.name], cwd=REPO,
+                            env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, proc, timeout, log_path)
+        yield base
+    finally:
+        _stop(proc)
+        log.close()
+        os.unlink(f.name)
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve run exited ({proc.returncode}); see {log_path}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{base} did not become healthy in {timeout:.0f} s; see {log_path}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGINT first (serve run shuts its cluster down), then SIGKILL to the process group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> RequestTiming:
+    """One streaming /completion: TTFT at the first frame, tokens from the final frame."""
+    t0 = time.perf_counter()
+    t_first = 0.0
+    buf = b""
+    final: dict | None = None
+    async with session.post(base + "/completion", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for chunk in resp.content.iter_any():
+            now = time.perf_counter()
+            if not t_first:
+                t_first = now
+            buf += chunk
+            *frames, buf = buf.split(b"\n\n")
+            for frame in frames:
+                if frame.startswith(b"data: ") and b'"stop":true' in frame:
+                    final = json.loads(frame[6:])
+                    t_last = now
+    if final is None:
+        raise RuntimeError("the stream ended without a final frame")
+    return RequestTiming(t_first - t0, t_last - t0, int(final["tokens_predicted"]))
+
+
+async def _closed_loop(base: str, bodies: list[dict], concurrency: int,
+                       progress: Progress) -> tuple[list[RequestTiming], float]:
+    pending = list(reversed(bodies))
+    done: list[RequestTiming] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async def worker() -> None:
+            while pending:
+                done.append(await stream_one(session, base, pending.pop()))
+                progress()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return done, wall
+
+
+def run_graph(base: str, work: Workload, concurrency: int, n_requests: int,
+              progress: Progress) -> tuple[list[RequestTiming], float]:
+    bodies = [work.body(i) for i in range(n_requests)]
+    return asyncio.run(_closed_loop(base, bodies, concurrency, progress))
+
+
+def run_prefix(base: str, prompts: list[list[int]],
+               progress: Progress) -> tuple[list[float], list[float]]:
+    """TTFT (ms) of each long prompt sent cold, then of the same prompt sent again (warm)."""
+    async def go() -> tuple[list[float], list[float]]:
+        cold, warm = [], []
+        async with aiohttp.ClientSession() as session:
+            for prompt in prompts:
+                for out in (cold, warm):
+                    body = completion_body(prompt, 1, stream=True, cache_prompt=True)
+                    out.append((await stream_one(session, base, body)).ttft * 1e3)
+                    progress()
+        return cold, warm
+
+    return asyncio.run(go())

@@ -1,0 +1,114 @@
+"""The figures the benchmark reports: percentiles, per-run summaries and the four target ratios.
+
+Pure functions over plain numbers, so a test can check them on synthetic data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+RATIO_NAMES = (
+    "graph_vs_engine_throughput@16",
+    "ttft_overhead_ms@1",
+    "engine_vs_mlx_lm_throughput@16",
+    "warm_vs_cold_ttft",
+)
+
+# name -> (comparison, bound): the issue's targets on the embedded model, 2-core machine
+TARGETS = {
+    "graph_vs_engine_throughput@16": (">=", 0.9),
+    "ttft_overhead_ms@1": ("<=", 10.0),
+    "engine_vs_mlx_lm_throughput@16": (">=", 1.0),
+    "warm_vs_cold_ttft": ("<=", 0.2),
+}
+
+
+@dataclass
+class RequestTiming:
+    """One request as its client saw it: seconds from submission."""
+
+    ttft: float  # to the first generated token
+    total: float  # to the last event
+    n_tokens: int
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first; None for a single-token request."""
+        if self.n_tokens < 2:
+            return None
+        return (self.total - self.ttft) / (self.n_tokens - 1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]; nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
+    """Aggregate tokens/s over the run's wall time; TTFT and TPOT percentiles in milliseconds."""
+    ttfts = [t.ttft * 1e3 for t in timings]
+    tpots = [t.tpot * 1e3 for t in timings if t.tpot is not None]
+    n_tokens = sum(t.n_tokens for t in timings)
+    return {
+        "requests": len(timings),
+        "tokens": n_tokens,
+        "wall_s": round(wall_s, 4),
+        "tokens_per_s": round(n_tokens / wall_s, 2) if wall_s > 0 else math.nan,
+        "ttft_ms_p50": round(percentile(ttfts, 50), 3),
+        "ttft_ms_p99": round(percentile(ttfts, 99), 3),
+        "tpot_ms_p50": round(percentile(tpots, 50), 3),
+        "tpot_ms_p99": round(percentile(tpots, 99), 3),
+    }
+
+
+def _at(runs: dict, system: str, concurrency: int, key: str) -> float:
+    try:
+        return float(runs[system][str(concurrency)][key])
+    except (KeyError, TypeError):
+        return math.nan
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def compute_ratios(runs: dict, prefix: dict | None) -> dict[str, float]:
+    """The four target figures from ``runs[system][str(concurrency)]`` summaries (systems
+    ``mlx_lm``, ``engine``, ``graph``) and the prefix-cache summary (``cold_ttft_ms_p50``,
+    ``warm_ttft_ms_p50``); a figure whose inputs are missing is nan."""
+    prefix = prefix or {}
+    return {
+        "graph_vs_engine_throughput@16": _ratio(_at(runs, "graph", 16, "tokens_per_s"),
+                                                _at(runs, "engine", 16, "tokens_per_s")),
+        "ttft_overhead_ms@1": _at(runs, "graph", 1, "ttft_ms_p50")
+        - _at(runs, "engine", 1, "ttft_ms_p50"),
+        "engine_vs_mlx_lm_throughput@16": _ratio(_at(runs, "engine", 16, "tokens_per_s"),
+                                                 _at(runs, "mlx_lm", 16, "tokens_per_s")),
+        "warm_vs_cold_ttft": _ratio(float(prefix.get("warm_ttft_ms_p50", math.nan)),
+                                    float(prefix.get("cold_ttft_ms_p50", math.nan))),
+    }
+
+
+def meets(name: str, value: float) -> bool | None:
+    """Whether a figure meets its target; None when it was not measured."""
+    if math.isnan(value):
+        return None
+    op, bound = TARGETS[name]
+    return value >= bound if op == ">=" else value <= bound
+
+
+def ratio_lines(ratios: dict[str, float]) -> list[str]:
+    """One line per figure, in the issue's order: ``name value (target op bound: ok|MISSED)``."""
+    lines = []
+    for name in RATIO_NAMES:
+        value = ratios[name]
+        op, bound = TARGETS[name]
+        verdict = {True: "ok", False: "MISSED", None: "not measured"}[meets(name, value)]
+        lines.append(f"{name} {value:.3f} (target {op} {bound:g}: {verdict})")
+    return lines

@@ -1,0 +1,72 @@
+"""The benchmark's plumbing, without timing: its command line and the ratio arithmetic."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+from bench.ratios import RequestTiming, compute_ratios, percentile, ratio_lines, summarize
+from bench.report import markdown_table
+
+from .conftest import REPO
+
+
+def test_help_runs():
+    out = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout and "--concurrency" in out.stdout
+
+
+def test_percentile_interpolates():
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 99) == 4.96
+    assert math.isnan(percentile([], 50))
+
+
+def test_summary_of_synthetic_requests():
+    timings = [RequestTiming(0.010, 0.110, 11), RequestTiming(0.030, 0.230, 21),
+               RequestTiming(0.020, 0.020, 1)]
+    s = summarize(timings, wall_s=0.5)
+    assert s["tokens"] == 33 and s["tokens_per_s"] == 66.0
+    assert s["ttft_ms_p50"] == 20.0
+    assert s["tpot_ms_p50"] == 10.0  # the single-token request has no TPOT
+
+
+def _run(tps: float, ttft: float) -> dict:
+    return {"tokens_per_s": tps, "ttft_ms_p50": ttft, "ttft_ms_p99": ttft,
+            "tpot_ms_p50": 1.0, "tpot_ms_p99": 1.0}
+
+
+def test_ratios_on_synthetic_numbers():
+    runs = {"mlx_lm": {"16": _run(1000.0, 50.0)},
+            "engine": {"1": _run(300.0, 12.0), "16": _run(1100.0, 40.0)},
+            "graph": {"1": _run(250.0, 19.5), "16": _run(880.0, 60.0)}}
+    prefix = {"cold_ttft_ms_p50": 400.0, "warm_ttft_ms_p50": 60.0}
+    ratios = compute_ratios(runs, prefix)
+    assert ratios["graph_vs_engine_throughput@16"] == 0.8
+    assert ratios["ttft_overhead_ms@1"] == 7.5
+    assert ratios["engine_vs_mlx_lm_throughput@16"] == 1.1
+    assert ratios["warm_vs_cold_ttft"] == 0.15
+    lines = ratio_lines(ratios)
+    assert [line.split()[0] for line in lines] == [
+        "graph_vs_engine_throughput@16", "ttft_overhead_ms@1",
+        "engine_vs_mlx_lm_throughput@16", "warm_vs_cold_ttft"]
+    assert "MISSED" in lines[0] and "ok" in lines[1] and "ok" in lines[3]
+
+
+def test_missing_systems_give_nan_not_errors():
+    ratios = compute_ratios({"engine": {"16": _run(1000.0, 1.0)}}, None)
+    assert all(math.isnan(v) for v in ratios.values())
+    assert all("not measured" in line for line in ratio_lines(ratios))
+
+
+def test_markdown_table_lists_every_run():
+    runs = {"engine": {"1": _run(300.0, 12.0), "16": _run(1100.0, 40.0)}}
+    doc = {"runs": runs, "ratios": compute_ratios(runs, None), "date": "d",
+           "machine": {"cpus": 2, "platform": "p"},
+           "versions": {"mlx": "1", "mlx_lm": "2", "ray": "3"}}
+    table = markdown_table(doc)
+    assert "| mlxray engine | 16 | 1100 |" in table
+    assert "| `warm_vs_cold_ttft` | — |" in table
