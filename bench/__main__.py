@@ -8,6 +8,7 @@ ratios last, one per line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib.metadata
 import os
@@ -35,7 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-tokens", type=int, default=1000,
                    help="prompt length of the prefix-cache test (default 1000)")
     p.add_argument("--requests", type=int, default=None,
-                   help="requests per concurrency level (default max(8, 3*c); quick max(4, 2*c))")
+                   help="requests per concurrency level and round (default max(4, 2*c))")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds in which the systems take turns (default 3; 1 with --quick)")
     p.add_argument("--n-batch", type=int, default=512, help="prefill chunk (default 512)")
     p.add_argument("--out", default=None,
                    help="output path without suffix (default docs/bench/latest, "
@@ -96,12 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     n_ctx = max(2048, args.prefix_tokens + 64)
     out = REPO / (args.out or ("docs/bench/quick" if args.quick else "docs/bench/latest"))
 
+    rounds = args.rounds or (1 if args.quick else 3)
+
     def n_requests(c: int) -> int:
-        return args.requests or (max(4, 2 * c) if args.quick else max(8, 3 * c))
+        return args.requests or max(4, 2 * c)
 
     model_path = GraphArgs(model=args.model).model_path
     loaded = load_model(model_path)
-    n_prompts = max(n_requests(c) for c in levels)
+    n_prompts = max(n_requests(c) for c in levels) * rounds
     work = Workload(n_tokens, make_prompts(loaded.vocab, n_prompts, args.prompt_tokens))
     warmup = Workload(8, work.prompts[:n_parallel])
     n_prefix = 2 if args.quick else 4
@@ -109,61 +114,69 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = [s for s, skip in (("mlx_lm", args.no_mlx_lm), ("engine", False),
                                  ("graph", args.no_graph)) if not skip]
-    total = sum(n_requests(c) for c in levels) * len(systems)
+    total = sum(n_requests(c) for c in levels) * len(systems) * rounds
     total += 0 if args.no_graph else 2 * n_prefix
-    bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True)
-    runs: dict[str, dict[str, dict]] = {s: {} for s in systems}
     started = time.perf_counter()
     doc: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "model": model_path, "model_name": Path(model_path).name,
                  "quick": args.quick, "n_tokens": n_tokens, "prompt_tokens": args.prompt_tokens,
                  "n_parallel": n_parallel, "n_batch": args.n_batch, "n_ctx": n_ctx,
-                 "machine": machine_info(),
+                 "rounds": rounds, "machine": machine_info(),
                  "versions": {k: _version(k) for k in ("mlx", "mlx-lm", "ray")},
-                 "workload": "closed loop, greedy, ignore_eos, cache_prompt false, "
-                             "distinct prompts; the graph streams over HTTP"}
+                 "workload": "closed loop, greedy, ignore_eos, cache_prompt false, distinct "
+                             "prompts; the graph streams over HTTP; systems interleaved in "
+                             "rounds, figures pooled over the rounds"}
     doc["versions"]["mlx_lm"] = doc["versions"].pop("mlx-lm")
+    timings: dict[tuple[str, int], list] = {}
+    walls: dict[tuple[str, int], float] = {}
 
-    def measure(system: str, c: int, run) -> None:
-        bar.set_description(f"{system} c={c}")
-        timings, wall = run(c, n_requests(c), lambda: bar.update(1))
-        runs[system][str(c)] = summarize(timings, wall)
-
-    try:
-        if "mlx_lm" in systems:
-            engine_floor.run_mlx_lm(loaded, warmup, n_parallel, n_parallel, n_parallel,
-                                    args.n_batch, lambda: None)
-            for c in levels:
-                measure("mlx_lm", c, lambda c, n, p: engine_floor.run_mlx_lm(
-                    loaded, work, c, n, n_parallel, args.n_batch, p))
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(tqdm(total=total, unit="req", file=sys.stderr,
+                                       dynamic_ncols=True))
+        tick = lambda: bar.update(1)  # noqa: E731
         engine = engine_floor.start_engine(loaded, n_parallel, n_ctx, args.n_batch)
-        try:
-            engine_floor.run_engine(engine, warmup, n_parallel, n_parallel, lambda: None)
-            for c in levels:
-                measure("engine", c, lambda c, n, p: engine_floor.run_engine(
-                    engine, work, c, n, p))
-        finally:
-            engine.stop()
+        stack.callback(engine.stop)
+        base = ""
         if "graph" in systems:
             bar.set_description("serve run: starting")
             log_path = out.with_suffix(".serve.log")
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            with graph.serve_graph(model_path, n_parallel, n_ctx, args.n_batch,
-                                   log_path) as base:
-                graph.run_graph(base, warmup, n_parallel, n_parallel, lambda: None)
-                for c in levels:
-                    measure("graph", c, lambda c, n, p: graph.run_graph(base, work, c, n, p))
-                bar.set_description("prefix cache")
-                cold, warm = graph.run_prefix(base, prefix_prompts, lambda: bar.update(1))
+            base, _ = stack.enter_context(graph.serve_graph(model_path, n_parallel, n_ctx,
+                                                            args.n_batch, log_path))
+        runners = {
+            "mlx_lm": lambda c, n, w: engine_floor.run_mlx_lm(loaded, w, c, n, n_parallel,
+                                                              args.n_batch, tick),
+            "engine": lambda c, n, w: engine_floor.run_engine(engine, w, c, n, tick),
+            "graph": lambda c, n, w: graph.run_graph(base, w, c, n, tick),
+        }
+        bar.set_description("warm-up")
+        for system in systems:
+            runners[system](n_parallel, n_parallel, warmup)
+        for r in range(rounds):
+            # the systems take turns at each level, in alternating order, so that the machine's
+            # load drifts over all of them alike
+            order = systems if r % 2 == 0 else systems[::-1]
+            for c in levels:
+                offset = r * n_requests(c)
+                round_work = Workload(n_tokens, work.prompts[offset:] + work.prompts[:offset])
+                for system in order:
+                    bar.set_description(f"round {r + 1}/{rounds} {system} c={c}")
+                    got, wall = runners[system](c, n_requests(c), round_work)
+                    timings.setdefault((system, c), []).extend(got)
+                    walls[(system, c)] = walls.get((system, c), 0.0) + wall
+        if "graph" in systems:
+            bar.set_description("prefix cache")
+            cold, warm = graph.run_prefix(base, prefix_prompts, tick)
             doc["prefix_cache"] = {
                 "prompt_tokens": args.prefix_tokens, "prompts": n_prefix,
                 "cold_ttft_ms": [round(x, 3) for x in cold],
                 "warm_ttft_ms": [round(x, 3) for x in warm],
                 "cold_ttft_ms_p50": round(percentile(cold, 50), 3),
                 "warm_ttft_ms_p50": round(percentile(warm, 50), 3)}
-            log_path.unlink(missing_ok=True)
-    finally:
-        bar.close()
+            bar.set_description("serve run: stopping")
+    out.with_suffix(".serve.log").unlink(missing_ok=True)
+    runs = {s: {str(c): summarize(timings[(s, c)], walls[(s, c)]) for c in levels}
+            for s in systems}
     doc["llama_cpp"] = llama_cpp_anchor(loaded.vocab.detokenize(work.prompts[0]), n_tokens)
     doc["runs"] = runs
     doc["ratios"] = compute_ratios(runs, doc.get("prefix_cache"))

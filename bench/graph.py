@@ -48,8 +48,8 @@ def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: in
 
 @contextmanager
 def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
-                log_path: Path, timeout: float = 240.0) -> Iterator[str]:
-    """Yield the base URL of a healthy ``serve run``; stop it (its process group, by PID)."""
+                log_path: Path, timeout: float = 240.0) -> Iterator[tuple[str, int]]:
+    """Yield (base URL, PID) of a healthy ``serve run``; stop it (its process group, by PID)."""
     port = free_port()
     config = graph_config(model, port, n_parallel, n_ctx, n_batch)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
@@ -64,7 +64,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, proc, timeout, log_path)
-        yield base
+        yield base, proc.pid
     finally:
         _stop(proc)
         log.close()
