@@ -22,6 +22,7 @@ from .shapes import (
     merge_choices,
     sse,
 )
+from .streams import coalesce, concat_lists
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -37,7 +38,8 @@ class ResponseShaper:
         self.model_name = args.model_name
 
     def _events(self, params: CompletionParams, prompts: list[list[int]]):
-        return self.replica.generate.remote(params, prompts)
+        """The replica's event batches; those that queue up while we work arrive as one."""
+        return coalesce(self.replica.generate.remote(params, prompts), concat_lists)
 
     def _shape(self, params: CompletionParams, oai: OaiContext | None):
         if oai is None:

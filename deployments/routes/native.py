@@ -19,6 +19,7 @@ from ..base import IngressBase
 from ..errors import invalid
 from ..schema import CompletionParams, json_type, parse_completion, split_prompts
 from ..shapes import OaiContext
+from ..streams import coalesce, concat_bytes
 
 
 def _flag(body: dict, key: str, default: bool) -> bool:
@@ -83,7 +84,7 @@ async def stream(ingress: IngressBase, params: CompletionParams,
         status, payload = first
         return Response(payload, status_code=status, media_type=JSON)
     return StreamingResponse(
-        _with_pings(first, chunks, params.sse_ping_interval),
+        _with_pings(first, coalesce(chunks, concat_bytes), params.sse_ping_interval),
         media_type="text/event-stream",
         headers={"X-Accel-Buffering": "no"},
     )
