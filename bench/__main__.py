@@ -83,6 +83,16 @@ def llama_cpp_anchor(prompt_text: str, n_tokens: int) -> dict | None:
             "tokens_per_s": round(n / wall, 2), "llama_cpp_python": _version("llama-cpp-python")}
 
 
+def _cpu(system: str, serve_pid: int) -> dict[str, float]:
+    """CPU seconds so far of what serves ``system``: this process for the engines driven
+    directly, the serve run's processes by role for the graph."""
+    if system == "graph":
+        from .graph import session_cpu
+
+        return session_cpu(serve_pid)
+    return {"bench process": time.process_time()}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tqdm import tqdm
@@ -129,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["versions"]["mlx_lm"] = doc["versions"].pop("mlx-lm")
     timings: dict[tuple[str, int], list] = {}
     walls: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], dict[str, float]] = {}
 
     with contextlib.ExitStack() as stack:
         bar = stack.enter_context(tqdm(total=total, unit="req", file=sys.stderr,
@@ -136,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         tick = lambda: bar.update(1)  # noqa: E731
         engine = engine_floor.start_engine(loaded, n_parallel, n_ctx, args.n_batch)
         stack.callback(engine.stop)
-        base = ""
+        base, serve_pid = "", 0
         if "graph" in systems:
             bar.set_description("serve run: starting")
             log_path = out.with_suffix(".serve.log")
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            base, _ = stack.enter_context(graph.serve_graph(model_path, n_parallel, n_ctx,
+            base, serve_pid = stack.enter_context(graph.serve_graph(model_path, n_parallel, n_ctx,
                                                             args.n_batch, log_path))
         runners = {
             "mlx_lm": lambda c, n, w: engine_floor.run_mlx_lm(loaded, w, c, n, n_parallel,
@@ -161,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                 round_work = Workload(n_tokens, work.prompts[offset:] + work.prompts[:offset])
                 for system in order:
                     bar.set_description(f"round {r + 1}/{rounds} {system} c={c}")
+                    cpu_before = _cpu(system, serve_pid)
                     got, wall = runners[system](c, n_requests(c), round_work)
+                    for role, used in _cpu(system, serve_pid).items():
+                        key = (system, c)
+                        cpu.setdefault(key, {})
+                        cpu[key][role] = cpu[key].get(role, 0.0) + used - cpu_before.get(role, 0)
                     timings.setdefault((system, c), []).extend(got)
                     walls[(system, c)] = walls.get((system, c), 0.0) + wall
         if "graph" in systems:
@@ -175,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                 "warm_ttft_ms_p50": round(percentile(warm, 50), 3)}
             bar.set_description("serve run: stopping")
     out.with_suffix(".serve.log").unlink(missing_ok=True)
-    runs = {s: {str(c): summarize(timings[(s, c)], walls[(s, c)]) for c in levels}
-            for s in systems}
+    runs = {s: {str(c): summarize(timings[(s, c)], walls[(s, c)], cpu.get((s, c)))
+                for c in levels} for s in systems}
     doc["llama_cpp"] = llama_cpp_anchor(loaded.vocab.detokenize(work.prompts[0]), n_tokens)
     doc["runs"] = runs
     doc["ratios"] = compute_ratios(runs, doc.get("prefix_cache"))

@@ -163,3 +163,26 @@ def run_prefix(base: str, prompts: list[list[int]],
         return cold, warm
 
     return asyncio.run(go())
+
+
+ROLES = ("ModelReplica", "ResponseShaper", "Ingress", "ProxyActor", "ServeController", "raylet",
+         "gcs_server")
+
+
+def session_cpu(sid: int) -> dict[str, float]:
+    """CPU seconds used so far by each role among the processes of session ``sid`` (a serve run
+    and the local cluster it started), read from /proc; empty where /proc is missing."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()) if os.path.isdir("/proc") else ():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[3]) != sid:
+            continue
+        role = next((r for r in ROLES if r in cmd), "other")
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out

@@ -50,11 +50,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
-    """Aggregate tokens/s over the run's wall time; TTFT and TPOT percentiles in milliseconds."""
+def summarize(timings: list[RequestTiming], wall_s: float,
+              cpu_s: dict[str, float] | None = None) -> dict:
+    """Aggregate tokens/s over the run's wall time; TTFT and TPOT percentiles in milliseconds;
+    CPU milliseconds per generated token, in all and by process role (``cpu_s`` in seconds)."""
     ttfts = [t.ttft * 1e3 for t in timings]
     tpots = [t.tpot * 1e3 for t in timings if t.tpot is not None]
     n_tokens = sum(t.n_tokens for t in timings)
+    cpu_s = cpu_s or {}
+    per_token = {role: round(used * 1e3 / n_tokens, 4) for role, used in sorted(cpu_s.items())
+                 if n_tokens and used > 0}
     return {
         "requests": len(timings),
         "tokens": n_tokens,
@@ -64,6 +69,8 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
         "ttft_ms_p99": round(percentile(ttfts, 99), 3),
         "tpot_ms_p50": round(percentile(tpots, 50), 3),
         "tpot_ms_p99": round(percentile(tpots, 99), 3),
+        "cpu_ms_per_token": round(sum(per_token.values()), 4) if per_token else math.nan,
+        "cpu_ms_per_token_by_role": per_token,
     }
 
 

@@ -68,15 +68,23 @@ def write_plot(doc: dict, path: Path) -> None:
 
 def markdown_table(doc: dict) -> str:
     rows = ["| system | concurrency | tokens/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
-            "TPOT p99 ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+            "TPOT p99 ms | CPU ms/token |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, label in SYSTEMS:
         for c in sorted(int(c) for c in doc["runs"].get(key, {})):
             r = doc["runs"][key][str(c)]
             rows.append(f"| {label} | {c} | {r['tokens_per_s']:.0f} | {r['ttft_ms_p50']:.1f} | "
                         f"{r['ttft_ms_p99']:.1f} | {r['tpot_ms_p50']:.2f} | "
-                        f"{r['tpot_ms_p99']:.2f} |")
-    prefix = doc.get("prefix_cache")
+                        f"{r['tpot_ms_p99']:.2f} | {r.get('cpu_ms_per_token', math.nan):.3f} |")
     lines = rows
+    graph_runs = doc["runs"].get("graph", {})
+    if graph_runs:
+        top = str(max(int(c) for c in graph_runs))
+        roles = graph_runs[top].get("cpu_ms_per_token_by_role") or {}
+        if roles:
+            shown = ", ".join(f"{role} {ms:.3f}" for role, ms in
+                              sorted(roles.items(), key=lambda kv: -kv[1]))
+            lines += ["", f"Graph CPU ms per token at {top} by process: {shown}."]
+    prefix = doc.get("prefix_cache")
     if prefix:
         lines += ["", f"Prefix cache ({prefix['prompt_tokens']}-token prompt, through the graph):"
                   f" cold TTFT p50 {prefix['cold_ttft_ms_p50']:.1f} ms, warm "
