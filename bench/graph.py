@@ -105,6 +105,7 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> R
     """One streaming /completion: TTFT at the first frame, tokens from the final frame."""
     t0 = time.perf_counter()
     t_first = 0.0
+    n_chunks = 0
     buf = b""
     final: dict | None = None
     async with session.post(base + "/completion", json=body) as resp:
@@ -114,6 +115,7 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> R
             now = time.perf_counter()
             if not t_first:
                 t_first = now
+            n_chunks += 1
             buf += chunk
             *frames, buf = buf.split(b"\n\n")
             for frame in frames:
@@ -122,7 +124,7 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> R
                     t_last = now
     if final is None:
         raise RuntimeError("the stream ended without a final frame")
-    return RequestTiming(t_first - t0, t_last - t0, int(final["tokens_predicted"]))
+    return RequestTiming(t_first - t0, t_last - t0, int(final["tokens_predicted"]), n_chunks)
 
 
 async def _closed_loop(base: str, bodies: list[dict], concurrency: int,

@@ -31,6 +31,7 @@ class RequestTiming:
     ttft: float  # to the first generated token
     total: float  # to the last event
     n_tokens: int
+    n_chunks: int = 0  # HTTP body chunks the client received (0: not an HTTP stream)
 
     @property
     def tpot(self) -> float | None:
@@ -57,6 +58,7 @@ def summarize(timings: list[RequestTiming], wall_s: float,
     ttfts = [t.ttft * 1e3 for t in timings]
     tpots = [t.tpot * 1e3 for t in timings if t.tpot is not None]
     n_tokens = sum(t.n_tokens for t in timings)
+    n_chunks = sum(t.n_chunks for t in timings)
     cpu_s = cpu_s or {}
     per_token = {role: round(used * 1e3 / n_tokens, 4) for role, used in sorted(cpu_s.items())
                  if n_tokens and used > 0}
@@ -69,6 +71,7 @@ def summarize(timings: list[RequestTiming], wall_s: float,
         "ttft_ms_p99": round(percentile(ttfts, 99), 3),
         "tpot_ms_p50": round(percentile(tpots, 50), 3),
         "tpot_ms_p99": round(percentile(tpots, 99), 3),
+        "tokens_per_chunk": round(n_tokens / n_chunks, 2) if n_chunks else math.nan,
         "cpu_ms_per_token": round(sum(per_token.values()), 4) if per_token else math.nan,
         "cpu_ms_per_token_by_role": per_token,
     }

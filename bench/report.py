@@ -66,15 +66,21 @@ def write_plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _shown(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
 def markdown_table(doc: dict) -> str:
     rows = ["| system | concurrency | tokens/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
-            "TPOT p99 ms | CPU ms/token |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "TPOT p99 ms | CPU ms/token | tokens/HTTP chunk |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, label in SYSTEMS:
         for c in sorted(int(c) for c in doc["runs"].get(key, {})):
             r = doc["runs"][key][str(c)]
             rows.append(f"| {label} | {c} | {r['tokens_per_s']:.0f} | {r['ttft_ms_p50']:.1f} | "
                         f"{r['ttft_ms_p99']:.1f} | {r['tpot_ms_p50']:.2f} | "
-                        f"{r['tpot_ms_p99']:.2f} | {r.get('cpu_ms_per_token', math.nan):.3f} |")
+                        f"{r['tpot_ms_p99']:.2f} | {r.get('cpu_ms_per_token', math.nan):.3f} | "
+                        f"{_shown(r.get('tokens_per_chunk'))} |")
     lines = rows
     graph_runs = doc["runs"].get("graph", {})
     if graph_runs:
