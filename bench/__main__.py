@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from . import REPO
-from .ratios import compute_ratios, percentile, ratio_lines, summarize
+from .ratios import compute_cpu_ratios, compute_ratios, percentile, ratio_lines, summarize
 
 LLAMA_GGUF = REPO.parent / "shared" / "reference" / "model.gguf"
 
@@ -36,9 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-tokens", type=int, default=1000,
                    help="prompt length of the prefix-cache test (default 1000)")
     p.add_argument("--requests", type=int, default=None,
-                   help="requests per concurrency level and round (default max(4, 2*c))")
+                   help="requests per concurrency level and round (default max(4, c); "
+                        "max(4, 2*c) with --quick)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="rounds in which the systems take turns (default 3; 1 with --quick)")
+                   help="rounds in which the systems take turns (default 5; 1 with --quick)")
     p.add_argument("--n-batch", type=int, default=512, help="prefill chunk (default 512)")
     p.add_argument("--out", default=None,
                    help="output path without suffix (default docs/bench/latest, "
@@ -109,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     n_ctx = max(2048, args.prefix_tokens + 64)
     out = REPO / (args.out or ("docs/bench/quick" if args.quick else "docs/bench/latest"))
 
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
 
     def n_requests(c: int) -> int:
-        return args.requests or max(4, 2 * c)
+        return args.requests or (max(4, 2 * c) if args.quick else max(4, c))
 
     model_path = GraphArgs(model=args.model).model_path
     loaded = load_model(model_path)
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["llama_cpp"] = llama_cpp_anchor(loaded.vocab.detokenize(work.prompts[0]), n_tokens)
     doc["runs"] = runs
     doc["ratios"] = compute_ratios(runs, doc.get("prefix_cache"))
+    doc["cpu_ratios"] = compute_cpu_ratios(runs)
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)
     report.write_json(doc, out.with_suffix(".json"))
     report.write_plot(doc, out.with_suffix(".png"))
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown_table(doc))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')} "
           f"in {doc['elapsed_s']} s")
+    for name, value in doc["cpu_ratios"].items():
+        print(f"(from CPU ms per token) {name} {value:.3f}")
     for line in ratio_lines(doc["ratios"]):
         print(line)
     return 0

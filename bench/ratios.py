@@ -105,6 +105,19 @@ def compute_ratios(runs: dict, prefix: dict | None) -> dict[str, float]:
     }
 
 
+def compute_cpu_ratios(runs: dict) -> dict[str, float]:
+    """The throughput ratios again from CPU milliseconds per token (the inverse ratio of costs):
+    what each system would deliver with the CPU to itself. On a shared machine wall-clock figures
+    swing with the neighbours' load; CPU time per token hardly does."""
+    def cost(system: str) -> float:
+        return _at(runs, system, 16, "cpu_ms_per_token")
+
+    return {
+        "graph_vs_engine_throughput@16": _ratio(cost("engine"), cost("graph")),
+        "engine_vs_mlx_lm_throughput@16": _ratio(cost("mlx_lm"), cost("engine")),
+    }
+
+
 def meets(name: str, value: float) -> bool | None:
     """Whether a figure meets its target; None when it was not measured."""
     if math.isnan(value):

@@ -106,6 +106,11 @@ def markdown_table(doc: dict) -> str:
         verdict = {True: "met", False: "**missed**", None: "not measured"}[meets(name, value)]
         shown = "—" if math.isnan(value) else f"{value:.3f}"
         lines.append(f"| `{name}` | {shown} | {op} {bound:g} ({verdict}) |")
+    cpu_ratios = doc.get("cpu_ratios") or {}
+    if cpu_ratios:
+        shown = ", ".join(f"`{k}` {_shown(v)}" for k, v in cpu_ratios.items())
+        lines += ["", f"The same throughput ratios from CPU ms per token (robust to the "
+                  f"neighbours' load): {shown}."]
     lines += ["", f"Measured {doc['date']} on {doc['machine']['cpus']} CPUs "
               f"({doc['machine']['platform']}), mlx {doc['versions']['mlx']}, "
               f"mlx-lm {doc['versions']['mlx_lm']}, ray {doc['versions']['ray']}."]

@@ -6,7 +6,14 @@ import math
 import subprocess
 import sys
 
-from bench.ratios import RequestTiming, compute_ratios, percentile, ratio_lines, summarize
+from bench.ratios import (
+    RequestTiming,
+    compute_cpu_ratios,
+    compute_ratios,
+    percentile,
+    ratio_lines,
+    summarize,
+)
 from bench.report import markdown_table
 
 from .conftest import REPO
@@ -54,6 +61,14 @@ def test_ratios_on_synthetic_numbers():
         "graph_vs_engine_throughput@16", "ttft_overhead_ms@1",
         "engine_vs_mlx_lm_throughput@16", "warm_vs_cold_ttft"]
     assert "MISSED" in lines[0] and "ok" in lines[1] and "ok" in lines[3]
+
+
+def test_cpu_ratios_invert_the_costs():
+    runs = {system: {"16": {"cpu_ms_per_token": cost}}
+            for system, cost in (("mlx_lm", 0.9), ("engine", 1.0), ("graph", 4.0))}
+    ratios = compute_cpu_ratios(runs)
+    assert ratios["graph_vs_engine_throughput@16"] == 0.25
+    assert ratios["engine_vs_mlx_lm_throughput@16"] == 0.9
 
 
 def test_missing_systems_give_nan_not_errors():
