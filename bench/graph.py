@@ -48,34 +48,48 @@ def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: in
 
 @contextmanager
 def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
-                log_path: Path, timeout: float = 240.0) -> Iterator[tuple[str, int]]:
-    """Yield (base URL, PID) of a healthy ``serve run``; stop it (its process group, by PID)."""
-    port = free_port()
-    config = graph_config(model, port, n_parallel, n_ctx, n_batch)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
-                                     delete=False) as f:
-        yaml.safe_dump(config, f)
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    serve = Path(sys.executable).with_name("serve")
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([str(serve), "run", "--address", "local", f.name], cwd=REPO,
-                            env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, proc, timeout, log_path)
-        yield base, proc.pid
-    finally:
-        _stop(proc)
-        log.close()
-        os.unlink(f.name)
+                log_path: Path, timeout: float = 240.0,
+                attempts: int = 3) -> Iterator[tuple[str, int]]:
+    """Yield (base URL, PID) of a healthy ``serve run``; stop it (its process group, by PID).
+
+    A local cluster whose GCS misses Ray's 30 s startup deadline (a loaded machine) exits at once;
+    that start is retried, up to ``attempts`` in all."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
+                                         delete=False) as f:
+            yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch), f)
+        env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        serve = Path(sys.executable).with_name("serve")
+        log = open(log_path, "wb")
+        proc = subprocess.Popen([str(serve), "run", "--address", "local", f.name], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            try:
+                _wait_healthy(base, proc, timeout, log_path)
+            except ServeExited:
+                if attempt == attempts:
+                    raise
+                continue
+            yield base, proc.pid
+            return
+        finally:
+            _stop(proc)
+            log.close()
+            os.unlink(f.name)
+
+
+class ServeExited(RuntimeError):
+    pass
 
 
 def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve run exited ({proc.returncode}); see {log_path}")
+            raise ServeExited(f"serve run exited ({proc.returncode}); see {log_path}")
         try:
             with urllib.request.urlopen(base + "/health", timeout=5) as resp:
                 if resp.status == 200:
