@@ -144,3 +144,29 @@ def test_autoscaling_goes_to_two_replicas_under_load_and_back(deploy_app):
     while running_replicas("autoscale") > 1:
         assert time.monotonic() < deadline, "did not scale back down"
         time.sleep(0.5)
+
+
+def test_serve_status_shows_a_replica_whose_engine_cannot_run(serve_instance, tmp_path):
+    """check_health fails once the model load failed (or the engine loop died): Serve marks the
+    deployment UNHEALTHY, as `serve status` prints it, and keeps replacing the replica."""
+    from ray import serve
+    from ray.serve._private.common import DeploymentStatus
+
+    from deployments.graph import build_app
+
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    app = build_app({"model": str(not_a_model)},
+                    replica_options={"health_check_period_s": 0.5, "health_check_timeout_s": 5})
+    try:
+        serve.run(app, name="broken", route_prefix=None)
+    except RuntimeError:
+        pass  # the first health check may already fail the deploy
+    deadline = time.monotonic() + 60
+    while True:
+        status = serve.status().applications["broken"].deployments["ModelReplica"]
+        if status.status in (DeploymentStatus.UNHEALTHY, DeploymentStatus.DEPLOY_FAILED):
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+    serve.delete("broken")
