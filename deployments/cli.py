@@ -24,6 +24,7 @@ import yaml
 from .config import GraphArgs
 
 SEED_RANDOM = 0xFFFFFFFF
+APP_NAME = "mlxray"
 AUTO_PARALLEL = 4  # llama-server's -np -1 (its default)
 
 
@@ -231,7 +232,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
         "proxy_location": "HeadOnly",
         "http_options": {"host": ns.host, "port": ns.port},
         "applications": [{
-            "name": "mlxray",
+            "name": APP_NAME,
             "route_prefix": "/",
             "import_path": "deployments.graph:build_app",
             "args": args,
@@ -253,7 +254,7 @@ def run(config: dict) -> None:
     from ray.serve._private import api as serve_api
     from ray.serve._private.constants import SERVE_NAMESPACE
     from ray.serve.config import gRPCOptions
-    from ray.serve.schema import ServeDeploySchema
+    from ray.serve.schema import ApplicationStatus, ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(config)
     ray.init(address=os.environ.get("RAY_ADDRESS") or "local", namespace=SERVE_NAMESPACE)
@@ -270,10 +271,16 @@ def run(config: dict) -> None:
     signal.signal(signal.SIGINT, stop)
     try:
         client.deploy_apps(schema, _blocking=False)
-        host, port = config["http_options"]["host"], config["http_options"]["port"]
-        print(f"mlxray: serving on http://{host}:{port}", file=sys.stderr, flush=True)
+        announced = False
         while not stopping:
-            time.sleep(0.2)
+            state = serve.status().applications.get(APP_NAME)
+            if state is not None and state.status == ApplicationStatus.DEPLOY_FAILED:
+                raise Refused(f"the application failed to deploy: {state.message}")
+            if not announced and state is not None and state.status == ApplicationStatus.RUNNING:
+                host, port = config["http_options"]["host"], config["http_options"]["port"]
+                print(f"mlxray: serving on http://{host}:{port}", file=sys.stderr, flush=True)
+                announced = True
+            time.sleep(0.5)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -290,7 +297,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if ns.dump_config:
         yaml.safe_dump(config, sys.stdout, sort_keys=False)
         return
-    run(config)
+    try:
+        run(config)
+    except Refused as exc:
+        parser().exit(1, f"mlxray: error: {exc}\n")
 
 
 if __name__ == "__main__":

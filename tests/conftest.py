@@ -77,7 +77,8 @@ def deploy_app(serve_instance: int) -> Callable[..., str]:
     are ModelReplica's deployment options (replicas, autoscaling, router)."""
     from ray import serve
 
-    from deployments.graph import build_app
+    from deployments.config import GraphArgs
+    from deployments.graph import build_graph
 
     deployed: dict[str, str] = {}
 
@@ -86,7 +87,7 @@ def deploy_app(serve_instance: int) -> Callable[..., str]:
         if name in deployed:
             return deployed[name]
         route = "/" if prefix == "/" else f"/{prefix or name}"
-        app = build_app(args, replica_options=replica_options)
+        app = build_graph(GraphArgs.model_validate(args), replica_options)
         serve.run(app, name=name, route_prefix=route, blocking=False)
         base = f"http://127.0.0.1:{serve_instance}" + ("" if route == "/" else route)
         wait_healthy(base)

@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
 import yaml
 
 from deployments import cli
-from tests.conftest import MODEL, REPO, free_port, wait_healthy
+from tests.conftest import MODEL, REPO, free_port
 
 
 def config_of(argv: list[str], environ: dict[str, str] | None = None) -> dict:
@@ -85,6 +86,20 @@ def test_dump_config_is_a_serve_config(capsys):
     assert schema.applications[0].import_path == "deployments.graph:build_app"
 
 
+def wait_serving(proc: subprocess.Popen, base: str, log, timeout: float = 300) -> None:
+    """Until /health answers 200; fails at once, with the command's output, if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"mlxray did not serve in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
 @pytest.mark.heavy
 def test_mlxray_serves_with_the_key_enforced(tmp_path):
     """The issue's acceptance command, on a free port, in its own process and Ray cluster."""
@@ -95,9 +110,10 @@ def test_mlxray_serves_with_the_key_enforced(tmp_path):
         [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
          str(port), "-np", "2", "--api-key", "k"],
         cwd=REPO, env=env, stdout=open(tmp_path / "out.log", "wb"), stderr=subprocess.STDOUT)
+    log = tmp_path / "out.log"
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, timeout=180)
+        wait_serving(proc, base, log)
         body = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0}
         assert httpx.post(base + "/completion", json=body).status_code == 401
         ok = httpx.post(base + "/completion", json=body, headers={"Authorization": "Bearer k"},
@@ -113,4 +129,4 @@ def test_mlxray_serves_with_the_key_enforced(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, (tmp_path / "out.log").read_text()[-2000:]
+    assert proc.returncode == 0, log.read_text()[-2000:]

@@ -26,13 +26,20 @@ def replica_section(config: dict) -> dict:
 
 
 def test_autoscale_yaml_is_a_valid_serve_config():
+    from ray.serve import Application
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
     from ray.serve.schema import ServeDeploySchema
 
     from deployments.config import GraphArgs
+    from deployments.graph import build_app
 
     config = autoscale_config()
     ServeDeploySchema.model_validate(config)
-    args = GraphArgs.model_validate(config["applications"][0]["args"])
+    app_args = config["applications"][0]["args"]
+    args = GraphArgs.model_validate(app_args)
+    # what `serve run` does with import_path and args
+    assert isinstance(call_user_app_builder_with_args_if_necessary(build_app, app_args),
+                      Application)
     replica = replica_section(config)
     scaling = replica["autoscaling_config"]
     assert scaling["target_ongoing_requests"] == 0.75 * args.n_parallel
@@ -152,12 +159,13 @@ def test_serve_status_shows_a_replica_whose_engine_cannot_run(serve_instance, tm
     from ray import serve
     from ray.serve._private.common import DeploymentStatus
 
-    from deployments.graph import build_app
+    from deployments.config import GraphArgs
+    from deployments.graph import build_graph
 
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
-    app = build_app({"model": str(not_a_model)},
-                    replica_options={"health_check_period_s": 0.5, "health_check_timeout_s": 5})
+    app = build_graph(GraphArgs(model=str(not_a_model)),
+                      {"health_check_period_s": 0.5, "health_check_timeout_s": 5})
     try:
         serve.run(app, name="broken", route_prefix=None)
     except RuntimeError:
