@@ -67,14 +67,17 @@ HONORED: tuple[Option, ...] = (
     Option(("-s", "--seed"), "seed", None, int, "default seed (-1: random)"),
     Option(("--cache-prompt",), "cache_prompt", "LLAMA_ARG_CACHE_PROMPT", None,
            "default of cache_prompt (on)", negative=("--no-cache-prompt",)),
+    Option(("--embedding", "--embeddings"), "embeddings", "LLAMA_ARG_EMBEDDINGS", None,
+           "serve the embedding routes"),
+    Option(("--pooling",), "pooling", "LLAMA_ARG_POOLING", help="embedding pooling"),
+    Option(("--slot-save-path",), "slot_save_path", None,
+           help="folder for slot save/restore"),
     Option(("-cb", "--cont-batching"), "cont_batching", "LLAMA_ARG_CONT_BATCHING", None,
            "continuous batching: always on", negative=("-nocb", "--no-cont-batching")),
 )
 
 # llama-server options mlxray knows and does not honor: (flags, environment variable).
 REFUSED: tuple[tuple[tuple[str, ...], str | None], ...] = (
-    (("--embedding", "--embeddings"), "LLAMA_ARG_EMBEDDINGS"),
-    (("--slot-save-path",), None),
     (("--chat-template",), "LLAMA_ARG_CHAT_TEMPLATE"),
     (("--chat-template-file",), "LLAMA_ARG_CHAT_TEMPLATE_FILE"),
     (("--jinja", "--no-jinja"), "LLAMA_ARG_JINJA"),
@@ -99,7 +102,6 @@ REFUSED: tuple[tuple[tuple[str, ...], str | None], ...] = (
     (("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ"),
     (("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT"),
     (("--rerank", "--reranking"), "LLAMA_ARG_RERANKING"),
-    (("--pooling",), "LLAMA_ARG_POOLING"),
     (("--api-key-file",), None),
     (("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE"),
     (("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE"),
@@ -209,7 +211,11 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "seed": SEED_RANDOM if ns.seed == -1 else ns.seed,
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
                               "slots": ns.slots is not False, "cache_prompt": ns.cache_prompt
-                              is not False, "alias": ns.alias, "api_key": ns.api_key}
+                              is not False, "alias": ns.alias, "api_key": ns.api_key,
+                              "embeddings": bool(ns.embeddings),
+                              "slot_save_path": ns.slot_save_path}
+    if ns.pooling is not None:
+        fields["pooling"] = ns.pooling
     if ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).is_dir() else ns.model
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})

@@ -29,12 +29,14 @@ def test_flags_build_the_serve_config():
     config = config_of(["-m", MODEL, "--host", "0.0.0.0", "--port", "9001", "-np", "2",
                         "-c", "4096", "-b", "64", "-n", "32", "--alias", "tiny", "--api-key",
                         "k", "--metrics", "--no-slots", "--props", "--temp", "0.5",
-                        "--seed", "7", "--no-cache-prompt"])
+                        "--seed", "7", "--no-cache-prompt", "--embedding", "--pooling",
+                        "mean", "--slot-save-path", "/tmp/slots"])
     assert config["http_options"] == {"host": "0.0.0.0", "port": 9001}
     assert app_args(config) == {
         "model": MODEL, "alias": "tiny", "n_parallel": 2, "n_ctx": 2048, "n_batch": 64,
         "n_predict": 32, "temperature": 0.5, "seed": 7, "cache_prompt": False, "metrics": True,
-        "slots": False, "props": True, "api_key": "k"}
+        "slots": False, "props": True, "api_key": "k", "slot_save_path": "/tmp/slots",
+        "embeddings": True, "pooling": "mean"}
     replica = config["applications"][0]["deployments"][2]
     assert replica["name"] == "ModelReplica" and replica["max_ongoing_requests"] == 32
 
@@ -59,8 +61,8 @@ def test_environment_variables_and_flag_precedence():
 
 
 @pytest.mark.parametrize("argv,environ,named", [
-    (["--embedding"], {}, "--embedding"),
-    (["-t", "4", "--slot-save-path", "/tmp"], {}, "-t, --slot-save-path"),
+    (["-ngl", "99"], {}, "-ngl"),
+    (["-t", "4", "--jinja"], {}, "-t, --jinja"),
     (["--chat-template=chatml"], {}, "--chat-template"),
     ([], {"LLAMA_ARG_N_GPU_LAYERS": "99"}, "LLAMA_ARG_N_GPU_LAYERS"),
 ])
