@@ -43,3 +43,33 @@ class ApiError(Exception):
 
 def invalid(message: str) -> ApiError:
     return ApiError(message, "invalid_request_error")
+
+
+class RequestError(Exception):
+    """What a Python caller of the graph's handle gets instead of an HTTP error answer: the status
+    and the envelope ``{"error": {"code", "message", "type"}}`` the same request gets over HTTP.
+
+    Ray re-raises it on the caller's side as a subclass of both ``RayTaskError`` and this class,
+    so ``except RequestError`` works; attributes are set per instance (no class-level defaults)
+    so they resolve through that wrapper too.
+    """
+
+    def __init__(self, status: int, envelope: dict):
+        super().__init__(status, envelope)
+        self.status = status
+        self.envelope = envelope
+
+    @classmethod
+    def from_api_error(cls, err: ApiError) -> RequestError:
+        return cls(err.code or 500, err.body())
+
+    @property
+    def message(self) -> str:
+        return self.envelope["error"]["message"]
+
+    @property
+    def error_type(self) -> str:
+        return self.envelope["error"]["type"]
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.error_type}: {self.message}"

@@ -17,7 +17,15 @@ from .shaper import ResponseShaper
 
 
 def build_app(args: dict[str, Any] | GraphArgs | None = None) -> Application:
+    """The application builder ``import_path: deployments.graph:build_app`` names (Ray Serve
+    requires it to take exactly one argument)."""
     config = args if isinstance(args, GraphArgs) else GraphArgs.model_validate(args or {})
-    replica = ModelReplica.bind(config)
+    return build_graph(config)
+
+
+def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None) -> Application:
+    """``replica_options`` are ModelReplica's deployment options (num_replicas,
+    autoscaling_config, request_router_config, ...), as a config's ``deployments`` sets them."""
+    replica = ModelReplica.options(**(replica_options or {})).bind(config)
     shaper = ResponseShaper.bind(replica, config)
     return Ingress.bind(shaper, replica, config)

@@ -6,6 +6,9 @@ too (no model).
 This file is the route table; each handler lives in ``deployments/routes/<area>.py``.
 """
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 from fastapi import Request
 from fastapi.responses import Response
 from ray import serve
@@ -114,3 +117,11 @@ class Ingress(IngressBase):
     @app.post("/v1/chat/completions/control")
     async def not_supported(self, request: Request) -> Response:
         return await unsupported.not_supported(self, request)
+
+    # ---- Python callers (a DeploymentHandle, no HTTP): see README "From Python" ---------------
+    async def complete(self, body: dict) -> Any:
+        return await native.complete_handle(self, body)
+
+    async def stream(self, body: dict) -> AsyncIterator[dict]:
+        async for frame in native.stream_handle(self, body):
+            yield frame

@@ -4,6 +4,7 @@ the OpenAI ones, and SSE frames. It knows nothing of MLX; the replica knows noth
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -48,23 +49,51 @@ class ResponseShaper:
             return OaiChatShape(params, oai)
         return OaiCompletionShape(params, oai)
 
-    async def complete(self, params: CompletionParams, prompts: list[list[int]],
-                       oai: OaiContext | None = None) -> tuple[int, bytes]:
-        """A non-streaming answer: (status, JSON body). Native: one object, or an array ordered by
-        index; OpenAI: one object whose choices are in index order."""
+    async def result(self, params: CompletionParams, prompts: list[list[int]],
+                     oai: OaiContext | None = None) -> tuple[int, Any]:
+        """A non-streaming answer: (status, object). Native: one object, or an array ordered by
+        index; OpenAI: one object whose choices are in index order; an error: its envelope."""
         shape = self._shape(params, oai)
         results: dict[int, dict] = {}
         async for batch in self._events(params, prompts):
             for ev in batch:
                 if isinstance(ev, ErrorEvent):
                     err = _error(ev)
-                    return err.code, dumps(err.body())
+                    return err.code, err.body()
                 if isinstance(ev, FinalEvent):
                     results[ev.index] = shape.final(ev, stream=False)[0]
         ordered = [results[i] for i in sorted(results)]
         if len(ordered) == 1:
-            return 200, dumps(ordered[0])
-        return 200, dumps(merge_choices(ordered) if oai is not None else ordered)
+            return 200, ordered[0]
+        return 200, merge_choices(ordered) if oai is not None else ordered
+
+    async def complete(self, params: CompletionParams, prompts: list[list[int]],
+                       oai: OaiContext | None = None) -> tuple[int, bytes]:
+        """``result`` as the HTTP body: (status, JSON bytes)."""
+        status, body = await self.result(params, prompts, oai)
+        return status, dumps(body)
+
+    async def frames(self, params: CompletionParams,
+                     prompts: list[list[int]]) -> AsyncIterator[list[dict]]:
+        """The native stream frames for Python callers, one list per batch of events: what
+        ``stream`` sends as SSE, less the ``data: null`` markers between prompts. An error is
+        the last frame, ``{"error": {...}}``."""
+        shape = NativeShape(params, self.model_name)
+        async for batch in self._events(params, prompts):
+            out: list[dict] = []
+            for ev in batch:
+                if isinstance(ev, TokenEvent):
+                    out += shape.token(ev)
+                elif isinstance(ev, ProgressEvent):
+                    out += shape.progress(ev)
+                elif isinstance(ev, FinalEvent):
+                    out += shape.final(ev, stream=True)
+                elif isinstance(ev, ErrorEvent):
+                    out.append(_error(ev).body())
+                    yield out
+                    return
+            if out:
+                yield out
 
     async def stream(self, params: CompletionParams, prompts: list[list[int]],
                      oai: OaiContext | None = None) -> AsyncIterator[bytes | tuple[int, bytes]]:

@@ -73,18 +73,22 @@ def serve_instance() -> Iterator[int]:
 
 @pytest.fixture(scope="session")
 def deploy_app(serve_instance: int) -> Callable[..., str]:
-    """deploy_app(name, args) -> base URL of a graph deployed under /<name>."""
+    """deploy_app(name, args) -> base URL of a graph deployed under /<name>; ``replica_options``
+    are ModelReplica's deployment options (replicas, autoscaling, router)."""
     from ray import serve
 
-    from deployments.graph import build_app
+    from deployments.config import GraphArgs
+    from deployments.graph import build_graph
 
     deployed: dict[str, str] = {}
 
-    def deploy(name: str, args: dict, prefix: str | None = None) -> str:
+    def deploy(name: str, args: dict, prefix: str | None = None,
+               replica_options: dict | None = None) -> str:
         if name in deployed:
             return deployed[name]
         route = "/" if prefix == "/" else f"/{prefix or name}"
-        serve.run(build_app(args), name=name, route_prefix=route, blocking=False)
+        app = build_graph(GraphArgs.model_validate(args), replica_options)
+        serve.run(app, name=name, route_prefix=route, blocking=False)
         base = f"http://127.0.0.1:{serve_instance}" + ("" if route == "/" else route)
         wait_healthy(base)
         deployed[name] = base

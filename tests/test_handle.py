@@ -1,17 +1,75 @@
-"""The README's DeploymentHandle example, run against the session's graph."""
+"""The Python handle API (README "From Python"): ``handle = serve.run(build_app(config))``, a
+completion as the native dict, a stream of native frames, errors as ``RequestError`` carrying the
+envelope the same request gets over HTTP."""
 
 from __future__ import annotations
 
-import json
+import pytest
+
+from tests.conftest import CONFORMANCE_ARGS
+
+DEF_MAIN = {"prompt": "def main():\n", "n_predict": 16, "temperature": 0, "cache_prompt": False}
 
 
-def test_readme_handle_example(base_url):
+@pytest.fixture(scope="module")
+def handle(serve_instance):
+    """The README's example: its own app (no HTTP route), on the session's Ray Serve."""
     from ray import serve
 
-    from deployments.schema import CompletionParams
+    from deployments.graph import build_app
 
-    shaper = serve.get_deployment_handle("ResponseShaper", app_name="conformance")
-    params = CompletionParams(n_predict=8, temperature=0.0, cache_prompt=False)
-    status, body = shaper.complete.remote(params, [[0, 317, 523, 264]]).result()
-    assert status == 200
-    assert json.loads(body)["content"] == "():\n    return codecs."
+    handle = serve.run(build_app(CONFORMANCE_ARGS), name="handle_api", route_prefix=None)
+    yield handle
+    serve.delete("handle_api")
+
+
+def test_completion_is_the_native_dict(handle, client):
+    result = handle.complete.remote(DEF_MAIN).result()
+    over_http = client.post("/completion", json=DEF_MAIN).json()
+    assert result["content"] == '    return codecs.CodecInfo(\n    "C'
+    assert list(result) == list(over_http)
+    volatile = {"timings", "id_slot"}  # measured; the slot the scheduler picked
+    assert {k: v for k, v in result.items() if k not in volatile} == \
+        {k: v for k, v in over_http.items() if k not in volatile}
+
+
+def test_several_prompts_give_a_list(handle):
+    result = handle.complete.remote({**DEF_MAIN, "prompt": ["x = 1\n", "import os\n"],
+                                     "n_predict": 2}).result()
+    assert [r["index"] for r in result] == [0, 1]
+
+
+def test_stream_yields_the_native_frames(handle):
+    frames = list(handle.options(stream=True).stream.remote({**DEF_MAIN, "n_predict": 5}))
+    assert [f["stop"] for f in frames] == [False] * 5 + [True]
+    assert "".join(f["content"] for f in frames) == "    return codecs"
+    assert frames[-1]["stop_type"] == "limit"
+
+
+@pytest.mark.parametrize("body", [
+    {"n_predict": 4},                                         # no prompt
+    {"prompt": [], "n_predict": 4},                           # empty prompt
+    {"prompt": "x", "stream": "yes"},                         # wrong type
+    {"prompt": "x", "n_cmpl": 5},                             # more than the slots
+    {"prompt": "x = 1\n" * 1000},                             # longer than the context
+])
+def test_errors_carry_the_http_envelope(handle, client, body):
+    from deployments.errors import RequestError
+
+    over_http = client.post("/completion", json=body)
+    with pytest.raises(RequestError) as raised:
+        handle.complete.remote(body).result()
+    assert raised.value.status == over_http.status_code
+    assert raised.value.envelope == over_http.json()
+    with pytest.raises(RequestError) as raised:
+        list(handle.options(stream=True).stream.remote(body))
+    assert raised.value.envelope == over_http.json()
+
+
+def test_stream_flag_must_match_the_method(handle):
+    from deployments.errors import RequestError
+
+    with pytest.raises(RequestError, match="handle.options"):
+        handle.complete.remote({**DEF_MAIN, "stream": True}).result()
+    with pytest.raises(RequestError, match="handle.complete"):
+        list(handle.options(stream=True).stream.remote({**DEF_MAIN, "stream": False}))

@@ -16,7 +16,7 @@ from engine.types import EngineError
 
 from ..app import JSON, from_engine, json_response, read_json, read_object
 from ..base import IngressBase
-from ..errors import invalid
+from ..errors import ApiError, RequestError, invalid
 from ..schema import CompletionParams, json_type, parse_completion, split_prompts
 from ..shapes import OaiContext
 from ..streams import coalesce, concat_bytes
@@ -88,6 +88,47 @@ async def stream(ingress: IngressBase, params: CompletionParams,
         media_type="text/event-stream",
         headers={"X-Accel-Buffering": "no"},
     )
+
+# ---- Python handle API ---------------------------------------------------------------------
+def _handle_body(body: Any, stream: bool) -> Any:
+    """The body a handle method validates: ``stream`` is implied by the method called, so a body
+    asking for the other one is refused rather than silently answered the wrong way."""
+    if not isinstance(body, dict) or "stream" not in body:
+        return {**body, "stream": stream} if isinstance(body, dict) else body
+    if body["stream"] is not stream and isinstance(body["stream"], bool):
+        method = "options(stream=True).stream" if body["stream"] else "complete"
+        raise invalid(f"\"stream\": {str(body['stream']).lower()} needs handle.{method}")
+    return body
+
+
+async def complete_handle(ingress: IngressBase, body: Any) -> Any:
+    """handle.complete.remote(body): the native answer as a dict (a list for several prompts or
+    n_cmpl > 1), validated as POST /completion validates it; errors raise RequestError."""
+    try:
+        await ingress.check_ready()
+        params, prompts = prepare(ingress, _handle_body(body, stream=False))
+    except ApiError as err:
+        raise RequestError.from_api_error(err) from None
+    status, result = await ingress.shaper.result.remote(params, prompts)
+    if status != 200:
+        raise RequestError(status, result)
+    return result
+
+
+async def stream_handle(ingress: IngressBase, body: Any) -> AsyncIterator[dict]:
+    """handle.options(stream=True).stream.remote(body): the native stream frames as dicts; an
+    error (before or after the first frame) raises RequestError."""
+    try:
+        await ingress.check_ready()
+        params, prompts = prepare(ingress, _handle_body(body, stream=True))
+    except ApiError as err:
+        raise RequestError.from_api_error(err) from None
+    async for batch in ingress.shaper.options(stream=True).frames.remote(params, prompts):
+        for frame in batch:
+            error = frame.get("error")
+            if error is not None:
+                raise RequestError(error["code"], frame)
+            yield frame
 
 # ---- tokens --------------------------------------------------------------------------------
 async def tokenize(ingress: IngressBase, request: Request) -> Response:

@@ -1,0 +1,134 @@
+"""The ``mlxray`` command: llama-server's flags and LLAMA_ARG_* variables into a Ray Serve config,
+refusals that name the flag, and one real run with the API key enforced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from deployments import cli
+from tests.conftest import MODEL, REPO, free_port
+
+
+def config_of(argv: list[str], environ: dict[str, str] | None = None) -> dict:
+    return cli.serve_config(cli.parse(argv, environ or {}))
+
+
+def app_args(config: dict) -> dict:
+    return config["applications"][0]["args"]
+
+
+def test_flags_build_the_serve_config():
+    config = config_of(["-m", MODEL, "--host", "0.0.0.0", "--port", "9001", "-np", "2",
+                        "-c", "4096", "-b", "64", "-n", "32", "--alias", "tiny", "--api-key",
+                        "k", "--metrics", "--no-slots", "--props", "--temp", "0.5",
+                        "--seed", "7", "--no-cache-prompt", "--embedding", "--pooling",
+                        "mean", "--slot-save-path", "/tmp/slots"])
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 9001}
+    assert app_args(config) == {
+        "model": MODEL, "alias": "tiny", "n_parallel": 2, "n_ctx": 2048, "n_batch": 64,
+        "n_predict": 32, "temperature": 0.5, "seed": 7, "cache_prompt": False, "metrics": True,
+        "slots": False, "props": True, "api_key": "k", "slot_save_path": "/tmp/slots",
+        "embeddings": True, "pooling": "mean"}
+    replica = config["applications"][0]["deployments"][2]
+    assert replica["name"] == "ModelReplica" and replica["max_ongoing_requests"] == 32
+
+
+def test_llama_server_defaults():
+    """Port 8080, 4 slots, -c 0: the model's 2048 training positions split across the slots."""
+    config = config_of([])
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8080}
+    args = app_args(config)
+    assert (args["n_parallel"], args["n_ctx"], args["n_batch"]) == (4, 512, 2048)
+    assert "seed" not in args and "api_key" not in args  # random seed, no key
+
+
+def test_environment_variables_and_flag_precedence():
+    env = {"LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_API_KEY": "env-key",
+           "LLAMA_ARG_ENDPOINT_METRICS": "1", "LLAMA_ARG_ENDPOINT_SLOTS": "0",
+           "LLAMA_ARG_PORT": "9002", "LLAMA_ARG_ALIAS": "from-env"}
+    args = app_args(config_of(["--alias", "from-flag"], env))
+    assert (args["n_parallel"], args["n_ctx"], args["api_key"]) == (2, 512, "env-key")
+    assert args["metrics"] is True and args["slots"] is False and args["alias"] == "from-flag"
+    assert config_of([], env)["http_options"]["port"] == 9002
+
+
+@pytest.mark.parametrize("argv,environ,named", [
+    (["-ngl", "99"], {}, "-ngl"),
+    (["-t", "4", "--jinja"], {}, "-t, --jinja"),
+    (["--chat-template=chatml"], {}, "--chat-template"),
+    ([], {"LLAMA_ARG_N_GPU_LAYERS": "99"}, "LLAMA_ARG_N_GPU_LAYERS"),
+])
+def test_unhonored_options_are_refused_by_name(argv, environ, named):
+    with pytest.raises(cli.Refused, match=f"does not honor these llama-server options: {named}"):
+        cli.parse(argv, environ)
+
+
+def test_bad_values_are_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["-np", "0", "--dump-config"])
+    assert exited.value.code == 2
+    assert "n_parallel" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--no-such-flag"])
+
+
+def test_dump_config_is_a_serve_config(capsys):
+    from ray.serve.schema import ServeDeploySchema
+
+    cli.main(["-m", MODEL, "-np", "2", "--dump-config"])
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(capsys.readouterr().out))
+    assert schema.applications[0].import_path == "deployments.graph:build_app"
+
+
+def wait_serving(proc: subprocess.Popen, base: str, log, timeout: float = 300) -> None:
+    """Until /health answers 200; fails at once, with the command's output, if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"mlxray did not serve in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.heavy
+def test_mlxray_serves_with_the_key_enforced(tmp_path):
+    """The issue's acceptance command, on a free port, in its own process and Ray cluster."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "LLAMA_"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
+         str(port), "-np", "2", "--api-key", "k"],
+        cwd=REPO, env=env, stdout=open(tmp_path / "out.log", "wb"), stderr=subprocess.STDOUT)
+    log = tmp_path / "out.log"
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_serving(proc, base, log)
+        body = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0}
+        assert httpx.post(base + "/completion", json=body).status_code == 401
+        ok = httpx.post(base + "/completion", json=body, headers={"Authorization": "Bearer k"},
+                        timeout=60)
+        assert ok.status_code == 200 and ok.json()["tokens_predicted"] == 4
+        too_many = httpx.post(base + "/completion", json={**body, "n_cmpl": 3},
+                              headers={"Authorization": "Bearer k"})
+        assert "1 <= value <= 2" in too_many.json()["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text()[-2000:]
