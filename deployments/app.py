@@ -1,6 +1,8 @@
 """The FastAPI app every route module registers on, its error handlers and response helpers."""
 
 import json
+import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -9,10 +11,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.types import EngineError
 
-from .errors import ApiError, invalid
-from .shapes import dumps
+from .errors import ApiError, from_failure, invalid
+from .shapes import dumps, sse
 
 JSON = "application/json; charset=utf-8"
+log = logging.getLogger("mlxray.ingress")
 
 app = FastAPI(title="mlxray", description="llama-server's HTTP API on MLX and Ray Serve",
               docs_url=None, redoc_url=None)
@@ -24,6 +27,40 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def error_response(err: ApiError) -> Response:
     return Response(dumps(err.body()), status_code=err.code, media_type=JSON)
+
+
+class EnvelopeOnFailure:
+    """ASGI middleware: an exception no handler took (a replica that died, a bug) still answers
+    with the error envelope: a JSON error before the response has started, else a final SSE
+    error frame; never a bare 500 page or a connection cut without a word."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.inner(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("unhandled failure on %s", scope.get("path"))
+            err = from_failure(exc)
+            if not started:
+                await send({"type": "http.response.start", "status": err.code,
+                            "headers": [(b"content-type", JSON.encode())]})
+                await send({"type": "http.response.body", "body": dumps(err.body())})
+            else:
+                await send({"type": "http.response.body", "body": sse(err.body())})
+
+
+app.add_middleware(EnvelopeOnFailure)
 
 
 @app.exception_handler(ApiError)
@@ -42,18 +79,59 @@ def from_engine(exc: EngineError) -> ApiError:
     return ApiError(exc.message, exc.type, exc.code, dict(exc.extra))
 
 
+def too_large(size: int, limit: int) -> ApiError:
+    return ApiError(f"request body too large: {size} bytes (limit {limit})",
+                    "invalid_request_error", 413)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to pass ``limit`` bytes: from its
+    Content-Length before reading, else while it streams in, so it is never held whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large(size, limit)
+        parts.append(part)
+    return b"".join(parts)
+
+
+# a UTF-16 surrogate escape: JSON may spell one that has no valid UTF-8 form
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON. A body that is not JSON is a 400 here (the reference answers 500)."""
-    body = await request.body()
-    if len(body) > limit:
-        raise ApiError(f"request body too large: {len(body)} bytes (limit {limit})",
-                       "invalid_request_error", 413)
+    """The body as JSON. A body that is not JSON is a 400 here (the reference answers 500), and
+    so are what the reference's parser refuses too: nesting deeper than Python can walk and
+    unpaired surrogates (\\udc80), which have no UTF-8 form."""
+    body = await read_body(request, limit)
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        value = json.loads(body, parse_constant=_no_constant)
+        if _SURROGATE_ESCAPE.search(body):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError among them
         line, col = (exc.lineno, exc.colno) if isinstance(exc, json.JSONDecodeError) else (1, 1)
         raise invalid(f"[json.exception.parse_error.101] parse error at line {line}, column {col}: "
-                      f"syntax error while parsing value - {exc}") from None
+                      f"syntax error while parsing value - {_describe(exc)}") from None
+
+
+def _no_constant(name: str) -> Any:
+    """NaN, Infinity and -Infinity are not JSON: the reference's parser refuses them too."""
+    raise ValueError(f"invalid literal: {name}")
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "nesting too deep"
+    if isinstance(exc, UnicodeEncodeError):
+        return "invalid string: unpaired UTF-16 surrogate"
+    if isinstance(exc, UnicodeDecodeError):
+        return "invalid UTF-8 byte"
+    return str(exc)
 
 
 async def read_object(request: Request, limit: int) -> dict:

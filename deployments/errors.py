@@ -73,3 +73,21 @@ class RequestError(Exception):
 
     def __str__(self) -> str:
         return f"{self.status} {self.error_type}: {self.message}"
+
+
+def from_failure(exc: BaseException) -> ApiError:
+    """An unexpected failure as an envelope: a replica that died or is gone (Ray restarts it)
+    is 503 unavailable_error, anything else 500 server_error."""
+    from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+    while len(getattr(exc, "exceptions", ())) == 1:  # an exception group of one (anyio)
+        exc = exc.exceptions[0]
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
+        exc = exc.cause  # the exception raised in the other deployment, without Ray's traceback
+    unavailable = (RayActorError, ActorUnavailableError, BackPressureError,
+                   DeploymentUnavailableError)
+    if isinstance(exc, unavailable):
+        return ApiError(f"the model replica is unavailable: {type(exc).__name__}",
+                        "unavailable_error")
+    return ApiError(f"got exception: {type(exc).__name__}: {exc}"[:500], "server_error")

@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from ray import serve
 
+from . import openapi
 from .app import app
 from .base import IngressBase
 from .routes import embeddings, info, native, oai, unsupported
@@ -23,8 +24,8 @@ from .routes import embeddings, info, native, oai, unsupported
 class Ingress(IngressBase):
     """ingress -> response shaper -> model replica; see deployments/graph.py."""
 
-    @app.post("/completion")
-    @app.post("/completions")
+    @app.post("/completion", openapi_extra=openapi.body(openapi.COMPLETION))
+    @app.post("/completions", openapi_extra=openapi.body(openapi.COMPLETION))
     async def completion(self, request: Request) -> Response:
         return await native.completion(self, request)
 
@@ -46,11 +47,11 @@ class Ingress(IngressBase):
     async def apply_template(self, request: Request) -> Response:
         return await oai.apply_template(self, request)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=openapi.body(openapi.TOKENIZE))
     async def tokenize(self, request: Request) -> Response:
         return await native.tokenize(self, request)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=openapi.body(openapi.DETOKENIZE))
     async def detokenize(self, request: Request) -> Response:
         return await native.detokenize(self, request)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -126,9 +127,14 @@ class ModelReplica:
         except EngineError as exc:
             yield [exc.to_event()]
             return
-        yield first
-        async for batch in stream:
-            yield batch
+        try:
+            yield first
+            async for batch in stream:
+                yield batch
+        finally:
+            # A client that went away reaches us as a CancelledError at a yield; closing the
+            # engine stream now (not whenever it is garbage collected) cancels the group.
+            await stream.aclose()
 
     async def model_info(self) -> dict:
         engine = self._engine()
@@ -186,3 +192,13 @@ class ModelReplica:
             log.exception("slot %s failed", action)
             return {"error": {"message": f"slot {action} failed: {exc}", "code": 500,
                               "type": "server_error"}}
+
+    async def engine_state(self) -> dict:
+        """The engine's bookkeeping and this process's id, for the reliability tests and
+        operators: active and queued groups, sequences in the batch, idle slots."""
+        return {"pid": os.getpid(), **self._engine().debug_state()}
+
+    async def kill_engine_loop(self) -> None:
+        """Fault injection (never routed to HTTP): end the engine loop as a crash would, so that
+        check_health fails and Ray Serve replaces this replica."""
+        self._engine().inject_fault(RuntimeError("engine loop killed by kill_engine_loop()"))

@@ -12,7 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from engine.types import ErrorEvent, FinalEvent, ProgressEvent, StartEvent, TokenEvent
 
 from .config import GraphArgs
-from .errors import ApiError
+from .errors import ApiError, from_failure
 from .schema import CompletionParams
 from .shapes import (
     NativeShape,
@@ -55,13 +55,21 @@ class ResponseShaper:
         index; OpenAI: one object whose choices are in index order; an error: its envelope."""
         shape = self._shape(params, oai)
         results: dict[int, dict] = {}
-        async for batch in self._events(params, prompts):
-            for ev in batch:
-                if isinstance(ev, ErrorEvent):
-                    err = _error(ev)
-                    return err.code, err.body()
-                if isinstance(ev, FinalEvent):
-                    results[ev.index] = shape.final(ev, stream=False)[0]
+        events = self._events(params, prompts)
+        try:
+            async for batch in events:
+                for ev in batch:
+                    if isinstance(ev, ErrorEvent):
+                        err = _error(ev)
+                        return err.code, err.body()
+                    if isinstance(ev, FinalEvent):
+                        results[ev.index] = shape.final(ev, stream=False)[0]
+        except Exception as exc:  # the replica died or failed: an envelope, never a hang
+            err = from_failure(exc)
+            return err.code, err.body()
+        finally:
+            if len(results) < len(prompts) * params.n_cmpl:
+                events.cancel()  # cancelled or failed here: the replica stops generating too
         ordered = [results[i] for i in sorted(results)]
         if len(ordered) == 1:
             return 200, ordered[0]
@@ -102,29 +110,50 @@ class ResponseShaper:
         sequence has started, errors are frames. The OpenAI formats end with ``data: [DONE]``."""
         shape = self._shape(params, oai)
         started = False
-        async for batch in self._events(params, prompts):
-            chunks: list[bytes] = []
-            for ev in batch:
-                if isinstance(ev, StartEvent):
-                    started = True
-                    chunks.append(start_marker(ev.index, params))
-                elif isinstance(ev, TokenEvent):
-                    chunks += [sse(f) for f in shape.token(ev)]
-                elif isinstance(ev, ProgressEvent):
-                    chunks += [sse(f) for f in shape.progress(ev)]
-                elif isinstance(ev, FinalEvent):
-                    chunks += [sse(f) for f in shape.final(ev, stream=True)]
-                elif isinstance(ev, ErrorEvent):
-                    err = _error(ev)
-                    if not started and not chunks:
-                        yield err.code, dumps(err.body())
+        frames = self._frames(shape, params, prompts, oai)
+        try:
+            async for item in frames:
+                started = started or not isinstance(item, tuple)
+                yield item
+        except Exception as exc:  # the replica died or failed mid-request
+            err = from_failure(exc)
+            yield sse(err.body()) if started else (err.code, dumps(err.body()))
+        finally:
+            await frames.aclose()  # a cancelled stream cancels its replica call at once
+
+    async def _frames(self, shape, params: CompletionParams, prompts: list[list[int]],
+                      oai: OaiContext | None) -> AsyncIterator[bytes | tuple[int, bytes]]:
+        started = ended = False
+        events = self._events(params, prompts)
+        try:
+            async for batch in events:
+                chunks: list[bytes] = []
+                for ev in batch:
+                    if isinstance(ev, StartEvent):
+                        started = True
+                        chunks.append(start_marker(ev.index, params))
+                    elif isinstance(ev, TokenEvent):
+                        chunks += [sse(f) for f in shape.token(ev)]
+                    elif isinstance(ev, ProgressEvent):
+                        chunks += [sse(f) for f in shape.progress(ev)]
+                    elif isinstance(ev, FinalEvent):
+                        chunks += [sse(f) for f in shape.final(ev, stream=True)]
+                    elif isinstance(ev, ErrorEvent):
+                        ended = True  # the replica ends a request at its first error
+                        err = _error(ev)
+                        if not started and not chunks:
+                            yield err.code, dumps(err.body())
+                            return
+                        chunks.append(sse(err.body()))
+                        yield b"".join(chunks)
                         return
-                    chunks.append(sse(err.body()))
+                if chunks:
+                    started = True
                     yield b"".join(chunks)
-                    return
-            if chunks:
-                started = True
-                yield b"".join(chunks)
+            ended = True
+        finally:
+            if not ended:  # closed early (the client went away): the replica stops too
+                events.cancel()
         if oai is not None:
             yield SSE_DONE
 

@@ -7,6 +7,7 @@ Keys are inserted in the reference's order, because clients (and the captures) s
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,24 @@ FLT_MAX = 3.4028234663852886e38
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact JSON, UTF-8 unescaped, as the reference's dump_safe writes it."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """Compact JSON, UTF-8 unescaped, as the reference's dump_safe writes it; a non-finite float
+    (a request's 1e400 echoed back) is written as null, as nlohmann::json writes it."""
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)
+    return text.encode()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def sse(obj: Any) -> bytes:

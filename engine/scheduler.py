@@ -29,6 +29,7 @@ from .sampling import (
     Breakers,
     dry_active,
     dry_breakers,
+    greedy,
     make_processors,
     make_sampler,
     recorder,
@@ -102,6 +103,7 @@ class Task:
     parent: Task | None = None
     children: list[Task] = field(default_factory=list)
     id: int = -1
+    fault: Exception | None = None  # raised by this sequence's sampler or logits processors
 
     def timings(self) -> Timings:
         predicted_ms = max(1e-3, (self.t_last - self.t_first) * 1e3) if self.n_gen else 0.0
@@ -145,6 +147,11 @@ class Engine:
         self._bg: BatchGenerator | None = None
         self._dirty: dict[int, Group] = {}
         self.error: BaseException | None = None
+        # admission units submitted / units that left the queue (admitted, cancelled, failed):
+        # each is written by one thread only, so their difference is a lock-free queue length
+        self._n_submitted = 0
+        self._n_dequeued = 0
+        self.n_cancelled = 0  # requests cancelled while queued or running
         self._breakers = lru_cache(maxsize=16)(self._dry_breakers)
         self._task_ids = itertools.count(0)
         self.metrics = EngineMetrics()
@@ -188,7 +195,7 @@ class Engine:
             raise EngineError("the engine is not running", 503, "unavailable_error")
         for req in requests:
             self.validate(req)
-        if self._inbox.qsize() + len(self._waiting) >= self.config.max_queue:
+        if self.n_waiting >= self.config.max_queue + len(self._free_slots()):
             raise EngineError("the server is busy: too many queued requests", 503,
                               "unavailable_error")
         group = Group(next(self._group_ids), [], sink)
@@ -196,6 +203,7 @@ class Engine:
             stops = [w.encode() for w in req.stop]
             group.tasks.append(Task(req, group, TextState(stops), resolve_seed(req.sampling.seed),
                                     id=next(self._task_ids)))
+        self._n_submitted += len(_units(group.tasks))
         self._inbox.put(("submit", group))
         return group.id
 
@@ -260,7 +268,27 @@ class Engine:
 
     @property
     def n_waiting(self) -> int:
-        return len(self._waiting) + self._inbox.qsize()
+        """Prompts (admission units) submitted that hold no slot yet: inbox or waiting queue."""
+        return self._n_submitted - self._n_dequeued
+
+    def inject_fault(self, exc: BaseException) -> None:
+        """Fault injection: the scheduler thread raises ``exc`` between steps, so the loop dies
+        as it would on a crash (the fault tests use it; nothing routes it to HTTP)."""
+        self._inbox.put(("raise", exc))
+
+    def debug_state(self) -> dict:
+        """What the reliability tests assert on: nothing held after every request is gone."""
+        return {
+            "alive": self.alive,
+            "n_active": self.n_active,
+            "n_waiting": self.n_waiting,
+            "n_sequences": len(self._by_uid),
+            "busy_groups": sorted({s.task.group.id for s in self.slots if s.task is not None}),
+            "slots_idle": [s.task is None for s in self.slots],
+            "n_decode_total": self.metrics.n_decode_total,
+            "n_cancelled": self.n_cancelled,
+            "n_submitted": self._n_submitted,
+        }
 
     @property
     def n_deferred(self) -> int:
@@ -306,21 +334,26 @@ class Engine:
                 self._cancel(value)
             elif kind == "call":
                 value()
+            elif kind == "raise":
+                raise value
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 item = None
 
     def _cancel(self, group_id: int) -> None:
+        found = False
         for unit in list(self._waiting):
             if unit[0].group.id == group_id:
                 self._waiting.remove(unit)
-                unit[0].group.cancelled = True
+                self._n_dequeued += 1
+                unit[0].group.cancelled = found = True
         for slot in self.slots:
             task = slot.task
             if task is not None and task.group.id == group_id:
-                task.group.cancelled = True
+                task.group.cancelled = found = True
                 self._retire(task, emit=False)
+        self.n_cancelled += found
 
     def _free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.task is None]
@@ -328,6 +361,10 @@ class Engine:
     def _admit(self) -> None:
         while self._waiting:
             unit = self._waiting[0]
+            if unit[0].group.cancelled:  # a failed request's later prompts
+                self._waiting.popleft()
+                self._n_dequeued += 1
+                continue
             free = self._free_slots()
             if len(free) < len(unit):
                 return
@@ -341,17 +378,25 @@ class Engine:
             else:
                 chosen = []
             self._waiting.popleft()
+            self._n_dequeued += 1
             for task in unit[len(chosen):]:
                 chosen.append(self._pick_slot(free, task.req.prompt_tokens))
-            parent = None
-            for task, slot in zip(unit, chosen):
-                if task.req.child and parent is not None:
-                    self._reserve(task, slot, parent)
-                else:
-                    parent = task
-            for task, slot in zip(unit, chosen):
-                if task.parent is None:
-                    self._launch(task, slot)
+            try:
+                self._launch_unit(unit, chosen)
+            except Exception as exc:  # a request the engine cannot start fails alone
+                log.exception("launch failed")
+                self._fail_group(unit[0].group, f"got exception: {exc}")
+
+    def _launch_unit(self, unit: list[Task], chosen: list[Slot]) -> None:
+        parent = None
+        for task, slot in zip(unit, chosen):
+            if task.req.child and parent is not None:
+                self._reserve(task, slot, parent)
+            else:
+                parent = task
+        for task, slot in zip(unit, chosen):
+            if task.parent is None:
+                self._launch(task, slot)
 
     @staticmethod
     def _pick_slot(free: list[Slot], prompt: list[int]) -> Slot:
@@ -405,8 +450,8 @@ class Engine:
             [tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(context)],
-            samplers=[sampler],
-            logits_processors=[processors],
+            samplers=[sampler if sampler is greedy else _guarded_sampler(task, sampler)],
+            logits_processors=[[_guarded_processor(task, p) for p in processors]],
         )[0]
         task.uid = uid
         self._by_uid[uid] = task
@@ -460,6 +505,8 @@ class Engine:
             self._bg = self._new_batch_generator()
             return
         self.metrics.on_decode(self.n_active)
+        for task in [t for t in self._by_uid.values() if t.fault is not None]:
+            self._fail_group(task.group, f"got exception: {task.fault}")
         for r in prompt_responses:
             task = self._by_uid.get(r.uid)
             if task is None:
@@ -637,12 +684,30 @@ class Engine:
                 task.uid = -1
                 slot.task = None
 
+    def _fail_group(self, group: Group, message: str) -> None:
+        """End one group with an error: its sequences leave the batch and free their slots."""
+        for task in group.tasks:
+            if task.slot is not None and task.slot.task is task:
+                self._retire(task, emit=False)
+        self._dirty.pop(group.id, None)
+        group.pending = []
+        if not group.cancelled:
+            group.sink([ErrorEvent(t.req.index, 500, message, "server_error") for t in group.tasks])
+        group.cancelled = True
+
     def _fail_all(self, message: str) -> None:
         try:
             self._fail_active(message)
         finally:
+            while not self._inbox.empty():  # submits that raced the failure wait there too
+                item = self._inbox.get_nowait()
+                if item is not None and item[0] == "submit":
+                    self._waiting.extend(_units(item[1].tasks))
+                elif item is not None and item[0] == "call":
+                    item[1]()  # guarded: hands its result or error back to the caller
             while self._waiting:
                 unit = self._waiting.popleft()
+                self._n_dequeued += 1
                 unit[0].group.sink([ErrorEvent(t.req.index, 500, message, "server_error")
                                     for t in unit])
 
@@ -708,6 +773,31 @@ class EngineMetrics:
             self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0
             self.bucket_prompt_seconds = self.bucket_predicted_seconds = 0.0
         return out
+
+
+def _guarded_sampler(task: Task, sampler: Callable) -> Callable:
+    """A sampler whose failure is that sequence's alone: the batch gets a placeholder token and
+    the step after it fails the sequence's request (see ``Task.fault``)."""
+
+    def sample(logprobs: mx.array) -> mx.array:
+        try:
+            return sampler(logprobs)
+        except Exception as exc:
+            task.fault = task.fault or exc
+            return mx.argmax(logprobs, axis=-1)
+
+    return sample
+
+
+def _guarded_processor(task: Task, processor: Callable) -> Callable:
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        try:
+            return processor(tokens, logits)
+        except Exception as exc:
+            task.fault = task.fault or exc
+            return logits
+
+    return process
 
 
 def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:

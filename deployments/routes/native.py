@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from ray.exceptions import RayError
 
 from engine.scheduler import check_prompt
 from engine.types import EngineError
@@ -21,6 +22,8 @@ from ..schema import CompletionParams, json_type, parse_completion, split_prompt
 from ..shapes import OaiContext
 from ..streams import coalesce, concat_bytes
 
+HEALTH_TIMEOUT_S = 5.0
+
 
 def _flag(body: dict, key: str, default: bool) -> bool:
     value = body.get(key, default)
@@ -28,12 +31,14 @@ def _flag(body: dict, key: str, default: bool) -> bool:
 
 
 async def _with_pings(first, chunks, interval: int) -> AsyncIterator[bytes]:
-    """The SSE body; a ``:`` comment line after ``interval`` seconds of silence keeps it open."""
-    if first is not None:
-        yield first
+    """The SSE body; a ``:`` comment line after ``interval`` seconds of silence keeps it open.
+    A client that goes away mid-stream cancels the shaper's stream (and so the replica's)."""
     iterator = chunks.__aiter__()
     pending: asyncio.Future | None = None
+    finished = False
     try:
+        if first is not None:
+            yield first
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(iterator, None))
@@ -45,11 +50,14 @@ async def _with_pings(first, chunks, interval: int) -> AsyncIterator[bytes]:
             chunk = await pending
             pending = None
             if chunk is None:
+                finished = True
                 return
             yield chunk
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
+        if not finished:
+            chunks.cancel()
 
 # ---- completion ----------------------------------------------------------------------------
 async def completion(ingress: IngressBase, request: Request) -> Response:
@@ -79,7 +87,11 @@ def prepare(ingress: IngressBase, body: Any) -> tuple[CompletionParams, list[lis
 async def stream(ingress: IngressBase, params: CompletionParams,
                  prompts: list[list[int]], oai: OaiContext | None = None) -> Response:
     chunks = ingress.shaper.options(stream=True).stream.remote(params, prompts, oai)
-    first = await anext(chunks, None)
+    try:
+        first = await anext(chunks, None)
+    except BaseException:  # the client left (or the shaper failed) before the first frame
+        chunks.cancel()
+        raise
     if isinstance(first, tuple):
         status, payload = first
         return Response(payload, status_code=status, media_type=JSON)
@@ -176,5 +188,11 @@ async def detokenize(ingress: IngressBase, request: Request) -> Response:
 
 # ---- health --------------------------------------------------------------------------------
 async def health(ingress: IngressBase, request: Request) -> Response:
-    await ingress.check_ready()
+    """Asks a replica every time (a restarted one is loading again); 503 while none answers."""
+    try:
+        ready = await asyncio.wait_for(ingress.replica.ready.remote(), HEALTH_TIMEOUT_S)
+    except (asyncio.TimeoutError, RayError):
+        ready = False
+    if not ready:
+        raise ApiError("Loading model", "unavailable_error", middleware=True)
     return json_response({"status": "ok"})
