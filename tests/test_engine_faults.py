@@ -105,10 +105,10 @@ def test_cancel_lands_within_one_decode_step(engine):
 def test_a_failing_launch_fails_that_request_only(engine, monkeypatch):
     real = scheduler.make_sampler
 
-    def sampler_or_fault(sampling, seed):
+    def sampler_or_fault(sampling, *args, **kw):
         if sampling.seed == 4242:
             raise RuntimeError("injected sampler fault")
-        return real(sampling, seed)
+        return real(sampling, *args, **kw)
 
     monkeypatch.setattr(scheduler, "make_sampler", sampler_or_fault)
 
@@ -128,16 +128,17 @@ def test_a_sampler_failing_mid_batch_fails_that_request_only(engine, monkeypatch
     """The sampler runs inside the batched decode step: its failure must not fail the batch."""
     real = scheduler.make_sampler
 
-    def faulty_or_real(sampling, seed):
+    def faulty_or_real(sampling, *args, **kw):
+        chain = real(sampling, *args, **kw)
         if sampling.seed != 4343:
-            return real(sampling, seed)
+            return chain
         calls = {"n": 0}
 
         def sample(logprobs):
             calls["n"] += 1
             if calls["n"] > 3:
                 raise RuntimeError("injected decode fault")
-            return real(sampling, seed)(logprobs)
+            return chain(logprobs)
 
         return sample
 
@@ -159,10 +160,10 @@ def test_a_sampler_failing_mid_batch_fails_that_request_only(engine, monkeypatch
 def test_a_failing_token_step_fails_that_request_only(engine, monkeypatch):
     real = Engine._probs
 
-    def probs_or_fault(self, token, sent, logprobs, n):
-        if n == 7:
+    def probs_or_fault(self, token, sent, recorded, sampling):
+        if sampling.n_probs == 7:
             raise RuntimeError("injected token fault")
-        return real(self, token, sent, logprobs, n)
+        return real(self, token, sent, recorded, sampling)
 
     monkeypatch.setattr(Engine, "_probs", probs_or_fault)
 
