@@ -25,6 +25,7 @@ from schemathesis import GenerationMode
 
 from deployments.ingress import app as ingress_app
 from deployments.schema import FIELDS
+from engine.types import BAD_OUTPUT_MESSAGE
 
 from .reliability import assert_envelope, dedicated_app, engine_state, is_idle
 
@@ -44,8 +45,8 @@ def fuzz_app(serve_instance: int):
     with dedicated_app(serve_instance, APP, args) as base:
         yield base
         for kind, statuses in STATUSES.items():
-            print(f"\n{kind}: {sum(statuses.values())} requests, by status "
-                  f"{dict(sorted(statuses.items()))}")
+            n = sum(v for k, v in statuses.items() if isinstance(k, int))
+            print(f"\n{kind}: {n} requests, by status {dict(statuses)}")
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,16 @@ def http(fuzz_app: str):
 
 
 def check_answer(kind: str, status: int, body: bytes) -> None:
+    """No 5xx, and the envelope on every non-200. The one 500 allowed is the reference's own
+    answer to generated text that is not valid UTF-8 (its chat parser refuses it): it is about
+    the model's output, which random sampling settings on a byte-level vocabulary can produce."""
     STATUSES.setdefault(kind, Counter())[status] += 1
-    assert status < 500, body[:300]
     if status != 200:
-        assert_envelope(status, body)
+        error = assert_envelope(status, body)
+        if status == 500 and error["message"] == BAD_OUTPUT_MESSAGE:
+            STATUSES[kind]["500 (invalid UTF-8 output, as the reference)"] += 1
+            return
+    assert status < 500, body[:300]
 
 
 def post(kind: str, http: httpx.Client, route: str, content: bytes) -> None:
@@ -118,7 +125,8 @@ def test_raw_bodies(http, route, content):
 def test_reference_500s_are_400_here(http):
     """Where llama-server answers 500 (a body that is not JSON, a wrong-typed ``content`` on
     /tokenize or ``tokens`` on /detokenize), mlxray answers 400 invalid_request_error."""
-    for route, content in [("/completion", b"{not json"), ("/tokenize", b'{"content": 5}'),
+    for route, content in [("/completion", b"{not json"), ("/tokenize", b"{not json"),
+                           ("/detokenize", b"{not json"), ("/tokenize", b'{"content": 5}'),
                            ("/tokenize", b'{"content": {"a": 1}}'),
                            ("/detokenize", b'{"tokens": "abc"}'),
                            ("/detokenize", b'{"tokens": [1.5]}'),
