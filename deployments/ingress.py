@@ -29,12 +29,12 @@ class Ingress(IngressBase):
     async def completion(self, request: Request) -> Response:
         return await native.completion(self, request)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.body(openapi.OAI_COMPLETION))
     async def oai_completions(self, request: Request) -> Response:
         return await oai.completions(self, request)
 
-    @app.post("/chat/completions")
-    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", openapi_extra=openapi.body(openapi.CHAT))
+    @app.post("/v1/chat/completions", openapi_extra=openapi.body(openapi.CHAT))
     async def chat_completions(self, request: Request) -> Response:
         return await oai.chat_completions(self, request)
 

@@ -33,6 +33,18 @@ def _completion_schema() -> dict[str, Any]:
 
 
 COMPLETION = _completion_schema()
+OAI_COMPLETION = {**COMPLETION, "properties": {
+    "model": {"type": "string"}, **COMPLETION["properties"]}}
+_MESSAGE = {"type": "object", "required": ["role"], "properties": {
+    "role": {"type": "string"},
+    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
+                          {"type": "null"}]},
+}}
+CHAT = {"type": "object", "required": ["messages"], "properties": {
+    "model": {"type": "string"},
+    "messages": {"type": "array", "items": _MESSAGE},
+    **{k: v for k, v in COMPLETION["properties"].items() if k != "prompt"},
+}}
 TOKENIZE = {"type": "object", "properties": {
     "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TOKEN_OR_TEXT}]},
     "add_special": {"type": "boolean"},

@@ -1,6 +1,7 @@
 """Bad input never breaks the server: a hypothesis property test and a schemathesis fuzz against
-the ingress's OpenAPI document, over /completion(s), /tokenize and /detokenize, on a dedicated
-graph with a 64-token context (any generation ends fast) and a 64 KiB body limit.
+the ingress's OpenAPI document, over /completion(s), /tokenize, /detokenize, /v1/completions and
+/v1/chat/completions, on a dedicated graph with a 64-token context (any generation ends fast)
+and a 64 KiB body limit.
 
 Random types, nulls, huge numbers, NaN, deep nesting, invalid UTF-8, unpaired surrogates, huge
 bodies and token ids out of range: no answer is a 5xx, every non-200 answer carries the error
@@ -32,7 +33,8 @@ from .reliability import assert_envelope, dedicated_app, engine_state, is_idle
 APP = "rel-fuzz"
 CASES = int(os.environ.get("MLXRAY_FUZZ_CASES", "200"))
 BODY_LIMIT = 64 * 1024
-ROUTES = ["/completion", "/completions", "/tokenize", "/detokenize"]
+ROUTES = ["/completion", "/completions", "/tokenize", "/detokenize", "/v1/completions",
+          "/v1/chat/completions"]
 STATUSES: dict[str, Counter] = {}
 
 FUZZ = settings(max_examples=CASES, deadline=None, derandomize=True, database=None,
@@ -86,9 +88,13 @@ known_keys = sorted({k for f in FIELDS for k in f.keys} | {
     "prompt", "content", "tokens", "add_special", "parse_special", "with_pieces", "n_cmpl",
 })
 token_ids = st.lists(st.integers(min_value=-10, max_value=10**12) | st.just(2**63), max_size=6)
+messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "nobody"]) | json_values},
+    optional={"content": st.text(max_size=30) | json_values}), max_size=3)
 bodies = st.fixed_dictionaries(
     {"prompt": st.text(max_size=40) | token_ids | json_values},
-    optional={"content": json_values, "tokens": token_ids | json_values},
+    optional={"content": json_values, "tokens": token_ids | json_values,
+              "messages": messages | json_values, "model": json_values},
 ) .flatmap(lambda base: st.dictionaries(st.sampled_from(known_keys), json_values, max_size=5)
            .map(lambda extra: {**base, **extra}))
 
@@ -168,8 +174,11 @@ schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.N
                                 max_examples=CASES, deterministic=True, database="none")
 
 
-# /completions is the same handler as /completion
-@schema.include(path_regex="^/(completion|tokenize|detokenize)$").parametrize()
+# /completions and /chat/completions are the same handlers as /completion and
+# /v1/chat/completions
+@schema.include(
+    path_regex="^/(completion|tokenize|detokenize|v1/completions|v1/chat/completions)$",
+).parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
 def test_openapi_schema_fuzz(case, fuzz_app):
     response = case.call(base_url=fuzz_app, timeout=60)
