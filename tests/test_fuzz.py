@@ -8,8 +8,9 @@ bodies and token ids out of range: no answer is a 5xx, every non-200 answer carr
 envelope with its status as code, and the server is healthy and idle afterwards.
 
 MLXRAY_FUZZ_CASES (default 200) is the number of hypothesis cases per kind and of schemathesis's
-fuzzing cases per operation (its coverage phase adds its own boundary and wrong-type cases); the
-figures in docs/reliability.md were measured with 2,000."""
+fuzzing cases per operation and mode; from 1,000 on, schemathesis's coverage phase (boundary
+values and wrong types of every field) runs too. The figures in docs/reliability.md were measured
+with 2,000."""
 
 from __future__ import annotations
 
@@ -169,9 +170,13 @@ def test_body_over_the_limit_is_413(http):
 
 
 # ---- schemathesis ----------------------------------------------------------------------------
+# Its coverage phase (boundary values and every wrong type of every field, a few thousand
+# requests) runs with the big figures; CI runs the random fuzzing phase only.
+COVERAGE = CASES >= 1000
 schema = schemathesis.openapi.from_dict(ingress_app.openapi())
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
                                 max_examples=CASES, deterministic=True, database="none")
+schema.config.phases.update(phases=["examples", "fuzzing"] + (["coverage"] if COVERAGE else []))
 
 
 # /completions and /chat/completions are the same handlers as /completion and
