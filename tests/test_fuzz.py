@@ -10,7 +10,7 @@ envelope with its status as code, and the server is healthy and idle afterwards.
 MLXRAY_FUZZ_CASES (default 200) is the number of hypothesis cases per kind and of schemathesis's
 fuzzing cases per operation and mode; from 1,000 on, schemathesis's coverage phase (boundary
 values and wrong types of every field) runs too. The figures in docs/reliability.md were measured
-with 2,000."""
+with 1,000 (8,882 requests)."""
 
 from __future__ import annotations
 
