@@ -23,7 +23,7 @@ from .shapes import (
     merge_choices,
     sse,
 )
-from .streams import coalesce, concat_lists
+from .streams import close, coalesce, concat_lists
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -69,7 +69,7 @@ class ResponseShaper:
             return err.code, err.body()
         finally:
             if len(results) < len(prompts) * params.n_cmpl:
-                events.cancel()  # cancelled or failed here: the replica stops generating too
+                await close(events)  # cancelled or failed here: the replica stops generating too
         ordered = [results[i] for i in sorted(results)]
         if len(ordered) == 1:
             return 200, ordered[0]
@@ -153,7 +153,7 @@ class ResponseShaper:
             ended = True
         finally:
             if not ended:  # closed early (the client went away): the replica stops too
-                events.cancel()
+                await close(events)
         if oai is not None:
             yield SSE_DONE
 

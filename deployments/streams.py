@@ -74,3 +74,13 @@ async def coalesce(source: AsyncIterator[T], merge: Callable[[list[T]], T]) -> A
             cancel = getattr(source, "cancel", None)
             if callable(cancel):
                 cancel()
+
+
+async def close(stream: Any) -> None:
+    """End a stream early: ``aclose`` a generator (``coalesce`` then cancels its source), or
+    ``cancel`` a Ray Serve response generator, so the request upstream stops at once."""
+    aclose = getattr(stream, "aclose", None)
+    if callable(aclose):
+        await aclose()
+    else:
+        stream.cancel()

@@ -20,7 +20,7 @@ from ..base import IngressBase
 from ..errors import ApiError, RequestError, invalid
 from ..schema import CompletionParams, json_type, parse_completion, split_prompts
 from ..shapes import OaiContext
-from ..streams import coalesce, concat_bytes
+from ..streams import close, coalesce, concat_bytes
 
 HEALTH_TIMEOUT_S = 5.0
 
@@ -55,9 +55,9 @@ async def _with_pings(first, chunks, interval: int) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         if pending is not None and not pending.done():
-            pending.cancel()
-        if not finished:
-            chunks.cancel()
+            pending.cancel()  # thrown into the upstream at its await: it ends and cancels its own
+        elif not finished:
+            await close(chunks)
 
 # ---- completion ----------------------------------------------------------------------------
 async def completion(ingress: IngressBase, request: Request) -> Response:
