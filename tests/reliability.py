@@ -25,9 +25,11 @@ def dedicated_app(port: int, name: str, args: dict,
     deleted afterwards."""
     from ray import serve
 
-    from deployments.graph import build_app
+    from deployments.config import GraphArgs
+    from deployments.graph import build_graph
 
-    serve.run(build_app({"model": MODEL, **args}, replica_options), name=name,
+    config = GraphArgs.model_validate({"model": MODEL, **args})
+    serve.run(build_graph(config, replica_options), name=name,
               route_prefix=f"/{name}", blocking=False)
     base = f"http://127.0.0.1:{port}/{name}"
     try:

@@ -44,6 +44,18 @@ def test_ray_serve_admits_up_to_the_engine_bound():
         assert limit > n_parallel + max_queue
 
 
+def test_config_files_can_build_the_graph():
+    """``serve run`` calls the builder the way Ray Serve checks it: one parameter, the args."""
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    from deployments.graph import build_app
+
+    from .conftest import MODEL
+
+    app = call_user_app_builder_with_args_if_necessary(build_app, {"model": MODEL})
+    assert type(app).__name__ == "Application"
+
+
 def test_past_the_queue_bound_is_503_and_the_queue_is_served_in_arrival_order(queue_app):
     async def scenario():
         async with httpx.AsyncClient(base_url=queue_app, timeout=60) as client:
