@@ -200,5 +200,11 @@ class ModelReplica:
 
     async def kill_engine_loop(self) -> None:
         """Fault injection (never routed to HTTP): end the engine loop as a crash would, so that
-        check_health fails and Ray Serve replaces this replica."""
-        self._engine().inject_fault(RuntimeError("engine loop killed by kill_engine_loop()"))
+        check_health fails and Ray Serve replaces this replica. Returns once the loop is dead."""
+        engine = self._engine()
+        engine.inject_fault(RuntimeError("engine loop killed by kill_engine_loop()"))
+        for _ in range(500):
+            if not engine.alive:
+                return
+            await asyncio.sleep(0.01)
+        raise RuntimeError("the engine loop is still running")
