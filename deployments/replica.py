@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import fields
 from pathlib import Path
 
 from ray import serve
@@ -56,22 +57,14 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
 
 
 def _sampling(p: CompletionParams, seed: int) -> SamplingParams:
-    return SamplingParams(
-        temperature=p.temperature, dynatemp_range=p.dynatemp_range,
-        dynatemp_exponent=p.dynatemp_exponent, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-        top_n_sigma=p.top_n_sigma, typical_p=p.typical_p, xtc_probability=p.xtc_probability,
-        xtc_threshold=p.xtc_threshold, repeat_last_n=p.repeat_last_n,
-        repeat_penalty=p.repeat_penalty, presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty, dry_multiplier=p.dry_multiplier,
-        dry_base=p.dry_base, dry_allowed_length=p.dry_allowed_length,
-        dry_penalty_last_n=p.dry_penalty_last_n,
-        dry_sequence_breakers=list(p.dry_sequence_breakers), mirostat=p.mirostat,
-        mirostat_tau=p.mirostat_tau, mirostat_eta=p.mirostat_eta,
-        adaptive_target=p.adaptive_target, adaptive_decay=p.adaptive_decay,
-        min_keep=p.min_keep, seed=seed, logit_bias=list(p.logit_bias),
-        samplers=list(p.samplers), n_probs=p.n_probs,
-        post_sampling_probs=p.post_sampling_probs,
-    )
+    """The schema's sampling values, field by field (every SamplingParams field is a schema field
+    of the same name), with the seed of this completion."""
+    values = {f.name: _copy(getattr(p, f.name)) for f in fields(SamplingParams)}
+    return SamplingParams(**{**values, "seed": seed})
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else value
 
 
 @serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)

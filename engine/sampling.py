@@ -179,6 +179,18 @@ def _chosen(values: mx.array, token: mx.array) -> mx.array:
     return mx.take_along_axis(values, token[:, None], axis=-1)[:, 0]
 
 
+def _draw_and_adapt_mu(kept: mx.array, key: mx.array, state: dict, tau: float,
+                       eta: float) -> tuple[mx.array, mx.array]:
+    """Both mirostats' last step: draw from the kept candidates, then move mu by eta times the
+    surprise error (mu stays an MLX array, so no step waits on the host)."""
+    token = mx.random.categorical(kept, axis=-1, key=key)
+    final = mx.softmax(kept, axis=-1)
+    surprise = -mx.log2(_chosen(final, token))
+    state["mu"] = state["mu"] - eta * (surprise[0] - tau)
+    mx.async_eval(state["mu"])
+    return token, final
+
+
 def mirostat_v1(tau: float, eta: float, n_vocab: int, m: int = 100) -> Picker:
     """llama.cpp's mirostat: estimate the Zipf exponent from the top m candidates, keep the top k
     that target the surprise mu, sample, then move mu by eta times the surprise error."""
@@ -199,12 +211,7 @@ def mirostat_v1(tau: float, eta: float, n_vocab: int, m: int = 100) -> Picker:
         k = mx.minimum(k, sorted_p.shape[-1])
         kth = mx.take_along_axis(sorted_p, (k.astype(mx.int32) - 1), axis=-1)
         kept = mx.where(probs >= kth, logits, NEG_INF)
-        token = mx.random.categorical(kept, axis=-1, key=key)
-        final = mx.softmax(kept, axis=-1)
-        surprise = -mx.log2(_chosen(final, token))
-        state["mu"] = state["mu"] - eta * (surprise[0] - tau)
-        mx.async_eval(state["mu"])
-        return token, final
+        return _draw_and_adapt_mu(kept, key, state, tau, eta)
 
     return pick
 
@@ -218,12 +225,7 @@ def mirostat_v2(tau: float, eta: float) -> Picker:
         top = mx.max(logp, axis=-1, keepdims=True)
         keep = (-logp / LN2 <= state["mu"]) | (logp >= top)
         kept = mx.where(keep, logits, NEG_INF)
-        token = mx.random.categorical(kept, axis=-1, key=key)
-        final = mx.softmax(kept, axis=-1)
-        surprise = -mx.log2(_chosen(final, token))
-        state["mu"] = state["mu"] - eta * (surprise[0] - tau)
-        mx.async_eval(state["mu"])
-        return token, final
+        return _draw_and_adapt_mu(kept, key, state, tau, eta)
 
     return pick
 
