@@ -27,6 +27,10 @@ class GraphArgs(BaseModel):
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
     cache_prompt: bool = Field(True, description="default of cache_prompt")
     cache_entries: int = Field(0, ge=0, description="prefix-cache entries; 0: two per slot")
+    stream_interval_ms: float = Field(
+        0.0, ge=0.0, le=1000.0,
+        description="streams: after the first token, gather tokens for at least this long per "
+                    "item (fewer Ray round trips per token; the first token is never held)")
     max_queue: int = Field(256, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")

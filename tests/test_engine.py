@@ -162,3 +162,18 @@ def test_more_prompts_than_slots(engine):
     assert sorted(results) == list(range(6))
     alone = finals(run(engine, greedy_request(engine, prompts[5], 4, cache_prompt=False)))[0]
     assert results[5].tokens == alone.tokens
+
+
+def test_stream_interval_gathers_tokens_after_the_first(engine):
+    """With a gather interval, the first token leaves alone and the rest come in fuller batches
+    (the interval is far longer than the whole generation here)."""
+    async def batches():
+        req = greedy_request(engine, "def main():\n", 12, stream=True, cache_prompt=False,
+                             ignore_eos=True)
+        req.sampling.logit_bias = [(t, None) for t in engine.vocab.eog_ids]
+        return [batch async for batch in aio.generate(engine, [req], min_interval_s=2.0)]
+
+    with_tokens = [b for b in asyncio.run(batches())
+                   if any(isinstance(e, TokenEvent) for e in b)]
+    assert len(with_tokens) == 2  # the first token at once, then the other eleven together
+    assert isinstance(with_tokens[-1][-1], FinalEvent)
