@@ -287,13 +287,18 @@ class OaiCompletionShape:
         choice = {"text": "" if stream else ev.content, "index": ev.index,
                   "logprobs": None if stream else _oai_logprobs(ev.probs, self.p),
                   "finish_reason": finish_reason(ev)}
+        return [self._answer(ev, choice, stream)]
+
+    def _answer(self, ev: FinalEvent, choice: dict, stream: bool) -> dict:
+        """The final object around one choice: usage, id, the native result when verbose,
+        timings (the keys in the reference's order)."""
         out = _envelope(self.ctx, [choice], chunk=False)
         out["usage"] = oai_usage(ev)
         out["id"] = self.ctx.id
         if self.ctx.verbose:
             out["__verbose"] = final_result(ev, self.p, self.ctx.model, stream)
         out["timings"] = timings_json(ev.timings)
-        return [out]
+        return out
 
     def token(self, ev: TokenEvent) -> list[dict]:
         logprobs = _oai_logprobs([ev.probs], self.p) if ev.probs is not None else None
@@ -323,13 +328,7 @@ class OaiChatShape(OaiCompletionShape):
         logprobs = _oai_logprobs(ev.probs, self.p)
         if logprobs is not None:
             choice["logprobs"] = logprobs
-        out = _envelope(self.ctx, [choice], chunk=False)
-        out["usage"] = oai_usage(ev)
-        out["id"] = self.ctx.id
-        if self.ctx.verbose:
-            out["__verbose"] = final_result(ev, self.p, self.ctx.model, stream)
-        out["timings"] = timings_json(ev.timings)
-        return [out]
+        return [self._answer(ev, choice, stream)]
 
     def _final_chunks(self, ev: FinalEvent) -> list[dict]:
         frames = [_envelope(self.ctx, [{"finish_reason": finish_reason(ev), "index": ev.index,

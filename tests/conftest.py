@@ -31,9 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(base: str, timeout: float = 120.0) -> None:
+def wait_healthy(base: str, timeout: float = 120.0,
+                 still_starting: Callable[[], None] | None = None) -> None:
+    """Until /health answers 200; ``still_starting`` may raise to give up early."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if still_starting is not None:
+            still_starting()
         try:
             if httpx.get(base + "/health", timeout=5).status_code == 200:
                 return

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import yaml
 
 from deployments import cli
-from tests.conftest import MODEL, REPO, free_port
+from tests.conftest import MODEL, REPO, free_port, wait_healthy
 
 
 def config_of(argv: list[str], environ: dict[str, str] | None = None) -> dict:
@@ -90,16 +89,11 @@ def test_dump_config_is_a_serve_config(capsys):
 
 def wait_serving(proc: subprocess.Popen, base: str, log, timeout: float = 300) -> None:
     """Until /health answers 200; fails at once, with the command's output, if it exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def still_running() -> None:
         assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(base + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"mlxray did not serve in {timeout} s:\n{log.read_text()[-3000:]}")
+
+    wait_healthy(base, timeout, still_running)
 
 
 @pytest.mark.heavy
