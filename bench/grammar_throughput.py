@@ -31,7 +31,9 @@ GRAMMARS = {
 
 def run(engine: Engine, prompts: list[list[int]], grammar: str, n_constrained: int,
         n_predict: int) -> float:
-    requests = [GenerationRequest(tokens, SamplingParams(temperature=1.0, seed=i),
+    no_eos = [(t, None) for t in engine.vocab.eog_ids]  # every sequence runs n_predict tokens
+    requests = [GenerationRequest(tokens, SamplingParams(temperature=1.0, seed=i,
+                                                         logit_bias=no_eos),
                                   n_predict=n_predict, cache_prompt=False, index=i,
                                   grammar=grammar if i < n_constrained else "")
                 for i, tokens in enumerate(prompts)]
@@ -47,6 +49,22 @@ def run(engine: Engine, prompts: list[list[int]], grammar: str, n_constrained: i
     wall = time.perf_counter() - start
     assert all(f.n_predicted == n_predict for f in finals)
     return sum(f.n_predicted for f in finals) / wall
+
+
+def scenario(engine: Engine, n_predict: int, repeats: int) -> dict:
+    """The benchmark's grammar scenario: 8 sequences in one batch, free against half of them
+    constrained by a GBNF grammar, alternating runs, best of each (python -m bench)."""
+    prompts = [engine.vocab.tokenize(p, add_special=True) for p in PROMPTS]
+    grammar = GRAMMARS["gbnf_chars"]
+    run(engine, prompts, grammar, 4, 8)  # compile the grammar, warm up
+    free, half = [], []
+    for _ in range(repeats):
+        free.append(run(engine, prompts, "", 0, n_predict))
+        half.append(run(engine, prompts, grammar, 4, n_predict))
+    return {"sequences": len(prompts), "constrained": 4, "n_predict": n_predict,
+            "grammar": grammar, "free_tokens_per_s": round(max(free), 2),
+            "half_constrained_tokens_per_s": round(max(half), 2),
+            "ratio": round(max(half) / max(free), 3)}
 
 
 def main() -> None:
