@@ -25,6 +25,32 @@ CONFORMANCE_ARGS = {"model": MODEL, "alias": "tiny-python", "n_parallel": 4, "n_
                     "n_batch": 64, "metrics": True}
 
 
+def running_engine(n_parallel: int) -> Iterator:
+    """An engine on the embedded model (no Ray), for a module-scoped fixture to yield."""
+    from engine.model import load_model
+    from engine.scheduler import Engine, EngineConfig
+
+    eng = Engine(load_model(MODEL), EngineConfig(n_parallel=n_parallel, n_ctx=512, n_batch=16))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def run_engine(engine, *requests) -> list:
+    """Every event of one group of requests, in order."""
+    import asyncio
+
+    from engine import aio
+
+    async def collect() -> list:
+        events = []
+        async for batch in aio.generate(engine, list(requests)):
+            events += batch
+        return events
+
+    return asyncio.run(collect())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

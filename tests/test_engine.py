@@ -10,11 +10,10 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from engine import aio
-from engine.model import load_model
-from engine.scheduler import Engine, EngineConfig
+from engine.scheduler import Engine
 from engine.types import FinalEvent, GenerationRequest, SamplingParams, TokenEvent
 
-from .conftest import MODEL
+from .conftest import run_engine, running_engine
 
 PROMPTS = ["def main():\n", "import os\n", "class Foo:\n    def __init__(self",
            "    for i in range("]
@@ -22,10 +21,7 @@ PROMPTS = ["def main():\n", "import os\n", "class Foo:\n    def __init__(self",
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = Engine(load_model(MODEL), EngineConfig(n_parallel=4, n_ctx=512, n_batch=16))
-    eng.start()
-    yield eng
-    eng.stop()
+    yield from running_engine(4)
 
 
 def greedy_request(engine: Engine, prompt: str, n: int = 24, **kw) -> GenerationRequest:
@@ -33,14 +29,7 @@ def greedy_request(engine: Engine, prompt: str, n: int = 24, **kw) -> Generation
                              SamplingParams(temperature=0.0), n_predict=n, **kw)
 
 
-def run(engine: Engine, *requests: GenerationRequest) -> list:
-    async def collect():
-        events = []
-        async for batch in aio.generate(engine, list(requests)):
-            events += batch
-        return events
-
-    return asyncio.run(collect())
+run = run_engine
 
 
 def finals(events) -> dict[int, FinalEvent]:

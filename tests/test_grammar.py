@@ -12,11 +12,9 @@ import pytest
 from deployments.errors import ApiError
 from deployments.schema import CompletionParams, ParseContext, parse_completion
 from engine import aio
-from engine.model import load_model
-from engine.scheduler import Engine, EngineConfig
 from engine.types import ErrorEvent, FinalEvent, GenerationRequest, SamplingParams, TokenEvent
 
-from .conftest import MODEL
+from .conftest import run_engine, running_engine
 from .test_http import PROMPTS, sse_events
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -178,20 +176,10 @@ def test_chat_response_format_unknown_type_is_refused(client):
 # ---- the engine: constrained and free sequences in one batch --------------------------------
 @pytest.fixture(scope="module")
 def engine():
-    eng = Engine(load_model(MODEL), EngineConfig(n_parallel=8, n_ctx=512, n_batch=16))
-    eng.start()
-    yield eng
-    eng.stop()
+    yield from running_engine(8)
 
 
-def run(engine: Engine, requests: list[GenerationRequest]) -> list:
-    async def collect():
-        events = []
-        async for batch in aio.generate(engine, requests):
-            events += batch
-        return events
-
-    return asyncio.run(collect())
+run = run_engine
 
 
 def test_half_constrained_batch_decodes_together(engine):
@@ -206,7 +194,7 @@ def test_half_constrained_batch_decodes_together(engine):
         return GenerationRequest(prompts[i], sampling, n_predict=24, grammar=grammar,
                                  stream=True, index=i)
 
-    alone = [run(engine, [request(i, "")]) for i in range(1, 8, 2)]
+    alone = [run(engine, request(i, "")) for i in range(1, 8, 2)]
     steps: list[int] = []
     original = engine._bg.next
 
@@ -218,7 +206,7 @@ def test_half_constrained_batch_decodes_together(engine):
     compiles = engine.grammars.compiles
     engine._bg.next = counting_next
     try:
-        events = run(engine, [request(i, schema if i % 2 == 0 else "") for i in range(8)])
+        events = run(engine, *[request(i, schema if i % 2 == 0 else "") for i in range(8)])
     finally:
         del engine._bg.next
     assert engine.grammars.compiles == compiles + 1
