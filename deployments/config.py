@@ -8,10 +8,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.aio import Gather
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
 # The llama-server build mlxray answers as (/props build_info, OpenAI system_fingerprint).
 BUILD_INFO = "b10621-c1d0e7a"
+# The default gather of stream tokens after the first (docs/performance.md has the A/B).
+PER_SEQUENCE_MS = 4.0
+MAX_INTERVAL_MS = 50.0
 
 
 class GraphArgs(BaseModel):
@@ -31,6 +36,12 @@ class GraphArgs(BaseModel):
         0.0, ge=0.0, le=1000.0,
         description="streams: after the first token, gather tokens for at least this long per "
                     "item (fewer Ray round trips per token; the first token is never held)")
+    stream_interval_per_sequence_ms: float = Field(
+        PER_SEQUENCE_MS, ge=0.0, le=1000.0,
+        description="streams: gather this much longer for each sequence the engine is running "
+                    "(0 with stream_interval_ms 0: every token leaves at once, as llama-server)")
+    stream_interval_max_ms: float = Field(
+        MAX_INTERVAL_MS, ge=0.0, le=1000.0, description="streams: the longest gather interval")
     max_queue: int = Field(256, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")
@@ -57,6 +68,11 @@ class GraphArgs(BaseModel):
             if candidate.is_dir():
                 return str(candidate.resolve())
         return self.model
+
+    @property
+    def gather(self) -> Gather:
+        return Gather(self.stream_interval_ms / 1e3, self.stream_interval_per_sequence_ms / 1e3,
+                      max(self.stream_interval_max_ms, self.stream_interval_ms) / 1e3)
 
     @property
     def model_name(self) -> str:

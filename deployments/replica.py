@@ -115,7 +115,7 @@ class ModelReplica:
         try:
             engine = self._engine()
             requests = to_requests(params, prompts)
-            stream = aio.generate(engine, requests, self.args.stream_interval_ms / 1e3)
+            stream = aio.generate(engine, requests, self.args.gather)
             first = await anext(stream)
         except EngineError as exc:
             yield [exc.to_event()]

@@ -1,28 +1,51 @@
 """The async side of the engine: submit a group, await its events in batches.
 
 Each batch holds everything that was ready when the consumer asked (the queue is drained), so an
-idle stream gets its first token at once and a busy one carries many tokens per item. With a
-``min_interval_s``, tokens after the first gather for at least that long before the next batch:
-every batch costs a Ray round trip per deployment hop, so fewer, fuller batches leave the CPU to
-the engine (the first token and the final event are never held back).
+idle stream gets its first token at once. Tokens after the first gather for a while (``Gather``)
+before the next batch: every batch costs a Ray round trip per deployment hop, so fewer, fuller
+batches leave the CPU to the engine. The first token and the final event are never held back.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from .scheduler import Engine
 from .types import EngineEvent, ErrorEvent, FinalEvent, GenerationRequest, TokenEvent
 
 
+@dataclass(frozen=True)
+class Gather:
+    """How long a stream's tokens after the first gather before they leave as one batch:
+    ``floor_s`` plus ``per_sequence_s`` for each sequence the engine is running, at most
+    ``max_s``. A lone stream then gets a batch every few milliseconds (invisible to a reader),
+    a busy engine fuller ones, and the graph's cost per token falls as the load rises.
+    ``Gather()`` sends every batch as soon as it is ready (llama-server's timing)."""
+
+    floor_s: float = 0.0
+    per_sequence_s: float = 0.0
+    max_s: float = 0.1
+
+    def interval(self, n_active: int) -> float:
+        return min(self.max_s, self.floor_s + self.per_sequence_s * n_active)
+
+    @property
+    def off(self) -> bool:
+        return self.floor_s <= 0 and self.per_sequence_s <= 0
+
+
 async def generate(
-    engine: Engine, requests: list[GenerationRequest], min_interval_s: float = 0.0
+    engine: Engine, requests: list[GenerationRequest], gather: Gather | float = 0.0
 ) -> AsyncIterator[list[EngineEvent]]:
     """Yield lists of events until every request of the group has its final or error event.
+    ``gather``: a ``Gather``, or a fixed interval in seconds.
 
     Closing the iterator early (a client that went away) cancels the group in the engine.
     """
+    if not isinstance(gather, Gather):
+        gather = Gather(floor_s=gather, max_s=max(gather, 0.0))
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[list[EngineEvent]] = asyncio.Queue()
 
@@ -36,14 +59,14 @@ async def generate(
         while remaining > 0:
             batch = await inbox.get()
             if last_token_batch is not None and not _ends(batch):
-                wait = last_token_batch + min_interval_s - loop.time()
+                wait = last_token_batch + gather.interval(engine.n_active) - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
             while not inbox.empty():
                 batch = batch + inbox.get_nowait()
             remaining -= sum(1 for e in batch if isinstance(e, (FinalEvent, ErrorEvent)))
             yield batch
-            if min_interval_s > 0 and any(isinstance(e, TokenEvent) for e in batch):
+            if not gather.off and any(isinstance(e, TokenEvent) for e in batch):
                 last_token_batch = loop.time()
             if any(isinstance(e, ErrorEvent) for e in batch):
                 break  # the reference stops the whole request at its first error

@@ -9,6 +9,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from deployments.config import GraphArgs
 from engine import aio
 from engine.scheduler import Engine
 from engine.types import FinalEvent, GenerationRequest, SamplingParams, TokenEvent
@@ -160,9 +161,28 @@ def test_stream_interval_gathers_tokens_after_the_first(engine):
         req = greedy_request(engine, "def main():\n", 12, stream=True, cache_prompt=False,
                              ignore_eos=True)
         req.sampling.logit_bias = [(t, None) for t in engine.vocab.eog_ids]
-        return [batch async for batch in aio.generate(engine, [req], min_interval_s=2.0)]
+        return [batch async for batch in aio.generate(engine, [req], 2.0)]
 
     with_tokens = [b for b in asyncio.run(batches())
                    if any(isinstance(e, TokenEvent) for e in b)]
     assert len(with_tokens) == 2  # the first token at once, then the other eleven together
     assert isinstance(with_tokens[-1][-1], FinalEvent)
+
+
+def test_gather_interval_grows_with_the_running_sequences():
+    gather = aio.Gather(floor_s=0.001, per_sequence_s=0.004, max_s=0.05)
+    assert [gather.interval(n) for n in (0, 1, 4, 16)] == [0.001, 0.005, 0.017, 0.05]
+    assert aio.Gather().off and not gather.off
+    assert GraphArgs(stream_interval_per_sequence_ms=0).gather.off  # llama-server's timing
+
+
+def test_gather_holds_a_lone_stream_for_its_per_sequence_share(engine):
+    """One running sequence with 2 s per sequence: the same two batches as a fixed interval."""
+    async def batches(gather):
+        req = greedy_request(engine, "def main():\n", 12, stream=True, cache_prompt=False,
+                             ignore_eos=True)
+        req.sampling.logit_bias = [(t, None) for t in engine.vocab.eog_ids]
+        return [b async for b in aio.generate(engine, [req], gather)
+                if any(isinstance(e, TokenEvent) for e in b)]
+
+    assert len(asyncio.run(batches(aio.Gather(per_sequence_s=2.0, max_s=5.0)))) == 2
