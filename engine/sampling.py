@@ -7,6 +7,7 @@ A ``Sampler`` maps the logits of one sequence, shape (1, vocab), to a token id a
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -319,15 +320,39 @@ def recorder(record: Callable[[mx.array], None]) -> LogitsProcessor:
     return apply
 
 
-def logit_bias_processor(bias: list[tuple[int, float | None]], vocab_size: int) -> LogitsProcessor:
+def _dense_bias(bias: list[tuple[int, float | None]], vocab_size: int) -> mx.array:
     ids = mx.array([t for t, _ in bias], dtype=mx.int32)
     values = mx.array([NEG_INF if b is None else b for _, b in bias], dtype=mx.float32)
-    dense = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+    return mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+
+
+def logit_bias_processor(bias: list[tuple[int, float | None]], vocab_size: int) -> LogitsProcessor:
+    dense = _dense_bias(bias, vocab_size)
 
     def apply(tokens: mx.array, logits: mx.array) -> mx.array:
         return logits + dense.astype(logits.dtype)
 
     return apply
+
+
+@functools.lru_cache(maxsize=64)
+def greedy_with_bias(bias: tuple[tuple[int, float | None], ...], vocab_size: int) -> Sampler:
+    """Greedy after a logit bias, one shared sampler per distinct bias: mlx-lm's batch samples
+    sequences that share a sampler in one call, and a sequence without logits processors skips
+    its per-sequence loop (``ignore_eos`` alone is such a bias). The argmax of the normalised
+    logits plus the bias equals that of the biased logits, so the token is the same."""
+    dense = _dense_bias(list(bias), vocab_size)
+
+    def sample(logprobs: mx.array) -> mx.array:
+        return mx.argmax(logprobs + dense.astype(logprobs.dtype), axis=-1)
+
+    return sample
+
+
+def is_shared(sampler: Sampler) -> bool:
+    """A sampler several sequences may share (no state, nothing of its own to fail)."""
+    return sampler is greedy or getattr(sampler, "__qualname__", "").startswith(
+        "greedy_with_bias.")
 
 
 def penalties_processor(p: SamplingParams) -> LogitsProcessor:

@@ -30,6 +30,8 @@ from .sampling import (
     dry_active,
     dry_breakers,
     greedy,
+    greedy_with_bias,
+    is_shared,
     make_processors,
     make_sampler,
     recorder,
@@ -450,7 +452,7 @@ class Engine:
             [tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(context)],
-            samplers=[sampler if sampler is greedy else _guarded_sampler(task, sampler)],
+            samplers=[sampler if is_shared(sampler) else _guarded_sampler(task, sampler)],
             logits_processors=[[_guarded_processor(task, p) for p in processors]],
         )[0]
         task.uid = uid
@@ -482,7 +484,12 @@ class Engine:
         if task.req.grammar:
             task.grammar = self.grammars.processor(task.req.grammar)
             processors.append(task.grammar)
-        return make_sampler(sampling, task.seed, self.vocab.n_vocab, record), processors
+        sampler = make_sampler(sampling, task.seed, self.vocab.n_vocab, record)
+        only_bias = sampling.logit_bias and len(processors) == 1 and sampling.n_probs == 0
+        if sampler is greedy and only_bias:  # make_processors puts the bias first
+            bias = tuple((t, b) for t, b in sampling.logit_bias)
+            return greedy_with_bias(bias, self.vocab.n_vocab), []
+        return sampler, processors
 
     def _progress(self, task: Task, processed: int) -> ProgressEvent:
         now = time.perf_counter()

@@ -8,6 +8,7 @@ import math
 import mlx.core as mx
 import pytest
 
+from engine import sampling
 from engine.sampling import (
     dry_breakers,
     dry_penalties,
@@ -181,3 +182,14 @@ def test_typical_and_dynamic_temperature_filters():
     t_flat = (flat / temperature_filter(1.0, 0.5, 1.0)(flat))[0, 0].item()
     t_peaked = (peaked / temperature_filter(1.0, 0.5, 1.0)(peaked))[0, 0].item()
     assert t_flat == pytest.approx(1.5, rel=1e-4) and 0.5 < t_peaked < 1.0
+
+
+def test_greedy_with_bias_picks_what_the_bias_processor_then_greedy_picks():
+    """The shared sampler that replaces a lone logit-bias processor under greedy sampling."""
+    logits = mx.random.normal((4, 50), key=mx.random.key(3))
+    bias = ((int(mx.argmax(logits[0]).item()), None), (7, 2.5), (11, -1.0))
+    processed = sampling.logit_bias_processor(list(bias), 50)(mx.array([]), logits)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    shared = sampling.greedy_with_bias(bias, 50)
+    assert shared is sampling.greedy_with_bias(bias, 50) and sampling.is_shared(shared)
+    assert shared(logprobs).tolist() == mx.argmax(processed, axis=-1).tolist()
