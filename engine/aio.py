@@ -3,7 +3,8 @@
 Each batch holds everything that was ready when the consumer asked (the queue is drained), so an
 idle stream gets its first token at once. Tokens after the first gather for a while (``Gather``)
 before the next batch: every batch costs a Ray round trip per deployment hop, so fewer, fuller
-batches leave the CPU to the engine. The first token and the final event are never held back.
+batches leave the CPU to the engine. The first token and a final event are never held back (a
+final event ends the gather that was waiting for more tokens).
 """
 
 from __future__ import annotations
@@ -48,9 +49,15 @@ async def generate(
         gather = Gather(floor_s=gather, max_s=max(gather, 0.0))
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[list[EngineEvent]] = asyncio.Queue()
+    ended = asyncio.Event()  # a final or error event is waiting: a gather ends at once
+
+    def put(events: list[EngineEvent]) -> None:
+        inbox.put_nowait(events)
+        if _ends(events):
+            ended.set()
 
     def sink(events: list[EngineEvent]) -> None:
-        loop.call_soon_threadsafe(inbox.put_nowait, events)
+        loop.call_soon_threadsafe(put, events)
 
     group_id = engine.submit(requests, sink)
     remaining = len(requests)
@@ -60,10 +67,14 @@ async def generate(
             batch = await inbox.get()
             if last_token_batch is not None and not _ends(batch):
                 wait = last_token_batch + gather.interval(engine.n_active) - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                if wait > 0 and not ended.is_set():
+                    try:
+                        await asyncio.wait_for(ended.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
             while not inbox.empty():
                 batch = batch + inbox.get_nowait()
+            ended.clear()  # set again by a later prompt's end (a group ends in several events)
             remaining -= sum(1 for e in batch if isinstance(e, (FinalEvent, ErrorEvent)))
             yield batch
             if not gather.off and any(isinstance(e, TokenEvent) for e in batch):

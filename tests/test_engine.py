@@ -186,3 +186,18 @@ def test_gather_holds_a_lone_stream_for_its_per_sequence_share(engine):
                 if any(isinstance(e, TokenEvent) for e in b)]
 
     assert len(asyncio.run(batches(aio.Gather(per_sequence_s=2.0, max_s=5.0)))) == 2
+
+
+def test_a_final_event_ends_the_gather(engine):
+    """A 10 s gather: the final event still leaves as soon as the sequence ends."""
+    async def timed():
+        req = greedy_request(engine, "def main():\n", 6, stream=True, cache_prompt=False,
+                             ignore_eos=True)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        batches = [b async for b in aio.generate(engine, [req], aio.Gather(floor_s=10, max_s=10))]
+        return loop.time() - start, batches
+
+    elapsed, batches = asyncio.run(timed())
+    assert isinstance(batches[-1][-1], FinalEvent)
+    assert elapsed < 5
