@@ -19,7 +19,13 @@ from ray import serve
 from engine import aio, embed, slot_store
 from engine.model import LoadedModel, load_model
 from engine.scheduler import Engine, EngineConfig
-from engine.types import EngineError, EngineEvent, GenerationRequest, SamplingParams
+from engine.types import (
+    EngineError,
+    EngineEvent,
+    GenerationRequest,
+    ReasoningBudget,
+    SamplingParams,
+)
 
 from .config import GraphArgs
 from .schema import CompletionParams
@@ -41,6 +47,7 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 n_predict=params.n_predict,
                 stop=list(params.stop),
                 grammar=params.grammar,
+                reasoning_budget=_reasoning_budget(params),
                 ignore_eos=params.ignore_eos,
                 cache_prompt=params.cache_prompt,
                 n_indent=params.n_indent,
@@ -61,6 +68,16 @@ def _sampling(p: CompletionParams, seed: int) -> SamplingParams:
     of the same name), with the seed of this completion."""
     values = {f.name: _copy(getattr(p, f.name)) for f in fields(SamplingParams)}
     return SamplingParams(**{**values, "seed": seed})
+
+
+def _reasoning_budget(p: CompletionParams) -> ReasoningBudget | None:
+    """common_sampler_init makes the budget sampler only with a start tag, an end tag and a budget
+    (or reasoning_control or a lazy grammar, with an unlimited budget that never forces)."""
+    if p.reasoning_budget_tokens < 0 or not p.reasoning_budget_start or not p.reasoning_budget_end:
+        return None
+    return ReasoningBudget(p.reasoning_budget_tokens, list(p.reasoning_budget_start),
+                           [list(tag) for tag in p.reasoning_budget_end],
+                           list(p.reasoning_budget_forced), p.generation_prompt)
 
 
 def _copy(value):

@@ -132,6 +132,8 @@ class Field:
     parent: str = ""  # nested under this object key
     policy: str = "honored"
     parse: Callable[[Any, Any], Any] | None = None  # custom: (value, context) -> value
+    # custom, reading the whole object like the reference's handlers: (object, context) -> value
+    handler: Callable[[dict, Any], Any] | None = None
     issue: int | None = None  # for refused fields: the issue that will honor them
     reason: str = ""  # for fields refused by design: why
 
@@ -206,9 +208,10 @@ class CompletionParams:
     parse_tool_calls: bool = False
     reasoning_format: str = "deepseek"
     reasoning_budget_tokens: int = -1
-    reasoning_budget_start_tag: str = ""
-    reasoning_budget_end_tags: list[str] = field(default_factory=list)
+    reasoning_budget_start: list[int] = field(default_factory=list)  # the start tag's tokens
+    reasoning_budget_end: list[list[int]] = field(default_factory=list)  # each end tag's tokens
     reasoning_budget_message: str = ""
+    reasoning_budget_forced: list[int] = field(default_factory=list)  # message, first end tag
     reasoning_control: Any = None
     echo: bool = False
     logit_bias: list[tuple[int, float | None]] = field(default_factory=list)
@@ -313,16 +316,44 @@ def _parse_reasoning_format(value: Any, ctx: ParseContext) -> str:
     return name
 
 
-def _parse_str_list(value: Any, ctx: ParseContext) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list):
-        raise type_error("array", value)
-    return [to_str(v) for v in value]
-
-
 def _parse_any(value: Any, ctx: ParseContext) -> Any:
     return value
+
+
+def _tokens(text: str, ctx: ParseContext) -> list[int]:
+    """common_tokenize(vocab, text, add_special=false, parse_special=true)."""
+    if ctx.tokenize is None:
+        raise RuntimeError("this field needs the tokenizer")
+    return ctx.tokenize(text) if text else []
+
+
+def _parse_start_tag(value: Any, ctx: ParseContext) -> list[int]:
+    return _tokens(to_str(value), ctx)
+
+
+def _json_items(value: Any) -> list:
+    """What iterating a nlohmann::json value visits: an array's items, an object's values, none
+    for null, any other value itself."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):
+        return list(value.values())
+    return [] if value is None else [value]
+
+
+def _parse_end_tags(source: dict, ctx: ParseContext) -> list[list[int]]:
+    """``reasoning_budget_end_tags`` wins whenever its key is there (a null one gives no tag);
+    the alias is one string. Empty tags are dropped."""
+    if "reasoning_budget_end_tags" in source:
+        tags = [to_str(t) for t in _json_items(source["reasoning_budget_end_tags"])]
+    else:
+        tags = [to_str(source["reasoning_budget_end_tag"])]
+    return [_tokens(tag, ctx) for tag in tags if tag]
+
+
+def _parse_lenient_str(value: Any, ctx: ParseContext) -> str:
+    """json_value(data, key, std::string()): a value of another type reads as the default."""
+    return value if isinstance(value, str) else ""
 
 
 def _parse_grammar_triggers(value: Any, ctx: ParseContext) -> list[dict]:
@@ -399,7 +430,7 @@ FIELDS: tuple[Field, ...] = (
     Field("grammar_lazy", "bool", policy="refused", reason=LAZY_GRAMMAR),
     Field("chat_format", "int32", policy="inert"),
     Field("reasoning_format", "custom", parse=_parse_reasoning_format, policy="inert"),
-    Field("generation_prompt", "str", policy="inert"),
+    Field("generation_prompt", "str"),  # echoed; the reasoning budget's prefill
     Field("parse_tool_calls", "bool", policy="inert"),
     Field("chat_parser", "custom", parse=_parse_any, policy="inert"),
     Field("continue_final_message", "bool", policy="inert"),
@@ -409,12 +440,13 @@ FIELDS: tuple[Field, ...] = (
           reason=LAZY_GRAMMAR),
     Field("echo", "bool", policy="inert"),
     Field("reasoning_control", "custom", parse=_parse_any, policy="inert"),
-    # the reference's reasoning-budget sampler reads these on /completion too: refused until honored
-    Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX), policy="refused", issue=3),
-    Field("reasoning_budget_start_tag", "str", policy="refused", issue=3),
+    # the reasoning-budget sampler's (engine/sampling.py): tags tokenized with special tokens
+    Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX)),
+    Field("reasoning_budget_start_tag", "custom", attr="reasoning_budget_start",
+          parse=_parse_start_tag),
     Field("reasoning_budget_end_tags", "custom", aliases=("reasoning_budget_end_tag",),
-          parse=_parse_str_list, policy="refused", issue=3),
-    Field("reasoning_budget_message", "str", policy="refused", issue=3),
+          attr="reasoning_budget_end", handler=_parse_end_tags),
+    Field("reasoning_budget_message", "custom", parse=_parse_lenient_str),
     Field("logit_bias", "custom", parse=_parse_logit_bias),
     Field("ignore_eos", "bool"),
     Field("stop", "custom", parse=_parse_stop),
@@ -479,7 +511,7 @@ def parse_completion(body: dict, ctx: ParseContext, defaults: CompletionParams) 
         if key is None:
             continue
         try:
-            value = _convert(spec, source[key], ctx)
+            value = spec.handler(source, ctx) if spec.handler else _convert(spec, source[key], ctx)
         except ValueError as exc:
             raise invalid(f"Field '{key}': {exc}") from None
         setattr(params, spec.target, value)
@@ -498,6 +530,10 @@ def _post_process(params: CompletionParams, body: dict, ctx: ParseContext,
         raise invalid("Field 'grammar_triggers': Error: no triggers set for lazy grammar!")
     if params.ignore_eos:
         params.logit_bias = params.logit_bias + [(t, None) for t in ctx.eog_ids]
+    if "reasoning_budget_message" in params.sent and params.reasoning_budget_end:
+        # only a sent message sets what is forced: the message, then the first end tag
+        params.reasoning_budget_forced = (_tokens(params.reasoning_budget_message, ctx)
+                                          + params.reasoning_budget_end[0])
     if not params.stop:
         params.stop = list(defaults.stop)
     id_slot = body.get("id_slot", -1)

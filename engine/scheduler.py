@@ -27,6 +27,7 @@ from .model import LoadedModel
 from .prefix_cache import PrefixCache
 from .sampling import (
     Breakers,
+    budget_state,
     dry_active,
     dry_breakers,
     greedy,
@@ -34,6 +35,8 @@ from .sampling import (
     is_shared,
     make_processors,
     make_sampler,
+    prefill_tokens,
+    reasoning_budget_processor,
     recorder,
     resolve_seed,
 )
@@ -46,6 +49,7 @@ from .types import (
     FinalEvent,
     GenerationRequest,
     ProgressEvent,
+    ReasoningBudget,
     SamplingParams,
     StartEvent,
     Timings,
@@ -476,6 +480,8 @@ class Engine:
         breakers = self._breakers(tuple(sampling.dry_sequence_breakers)) if (
             dry_active(sampling)) else None
         processors = make_processors(sampling, self.vocab.n_vocab, breakers)
+        if task.req.reasoning_budget is not None:
+            processors.insert(0, self._reasoning_budget(task.req.reasoning_budget))
         record = None
         if sampling.n_probs > 0 and sampling.post_sampling_probs:
             record = task.recorded.append
@@ -490,6 +496,14 @@ class Engine:
             bias = tuple((t, b) for t, b in sampling.logit_bias)
             return greedy_with_bias(bias, self.vocab.n_vocab), []
         return sampler, processors
+
+    def _reasoning_budget(self, rb: ReasoningBudget) -> Callable:
+        """Before the other processors, as llama.cpp applies it before its chain; the generation
+        prompt's tokens are accepted first (common_sampler_init)."""
+        vocab = self.vocab
+        prefill = prefill_tokens(rb.generation_prompt, lambda text: vocab.tokenize(text, False),
+                                 vocab.special_pieces)
+        return reasoning_budget_processor(budget_state(rb, vocab.pieces, prefill))
 
     def _progress(self, task: Task, processed: int) -> ProgressEvent:
         now = time.perf_counter()

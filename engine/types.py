@@ -60,6 +60,19 @@ class SamplingParams:
 
 
 @dataclass(slots=True)
+class ReasoningBudget:
+    """llama.cpp's reasoning-budget sampler for one sequence, tokenized: once ``start`` has been
+    generated, at most ``tokens`` more are sampled freely before ``forced`` is forced one token at a
+    time, unless one of ``ends`` is generated first (see engine/sampling.py)."""
+
+    tokens: int
+    start: list[int]
+    ends: list[list[int]]
+    forced: list[int] = field(default_factory=list)  # empty: nothing is forced
+    generation_prompt: str = ""  # its tokens are accepted before the first generated one
+
+
+@dataclass(slots=True)
 class GenerationRequest:
     """One sequence to generate: one prompt, one completion (an n_cmpl child is its own request)."""
 
@@ -68,6 +81,7 @@ class GenerationRequest:
     n_predict: int = -1  # -1: until the context is full
     stop: list[str] = field(default_factory=list)
     grammar: str = ""  # GBNF, or Lark after "%llguidance"; "" for none
+    reasoning_budget: ReasoningBudget | None = None
     ignore_eos: bool = False
     cache_prompt: bool = True
     n_indent: int = 0

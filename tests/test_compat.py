@@ -238,7 +238,16 @@ def _reindent(folder: Path) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()), indent=4))
 
 
-DEFERRED = "field:reasoning_budget_tokens"  # a deferred entry to break
+DEFERRED = "field:reasoning_budget_tokens"  # made a deferred entry, then broken
+OPEN_ISSUE = json.loads((MANIFEST / "pin.json").read_text())["open_issues"][0]
+
+
+def _deferred(entry: dict, **change) -> None:
+    """Make ``entry`` a valid deferred one, then apply ``change``."""
+    entry.update(state="deferred", issue=OPEN_ISSUE)
+    entry.pop("claim", None)
+    entry.update(change)
+
 
 # mode -> (how to break a copy of the manifest, what the error line names, what it says)
 BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
@@ -255,14 +264,15 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
                                                     lambda e: e.pop("rationale")),
                                     ["route:POST /completion",
                                      "by_design entry needs 'rationale'"]),
-    "deferred_without_issue": (lambda f: _edit(f, DEFERRED, lambda e: e.pop("issue")),
+    "deferred_without_issue": (lambda f: _edit(f, DEFERRED, lambda e: (_deferred(e),
+                                                                       e.pop("issue"))),
                                [DEFERRED, "deferred entry needs 'issue'"]),
-    "deferred_to_a_closed_issue": (lambda f: _edit(f, DEFERRED, lambda e: e.update(issue=1)),
+    "deferred_to_a_closed_issue": (lambda f: _edit(f, DEFERRED, lambda e: _deferred(e, issue=1)),
                                    [DEFERRED, "not an open issue"]),
-    "deferred_with_claim": (lambda f: _edit(f, DEFERRED, lambda e: e.update(claim="x")),
+    "deferred_with_claim": (lambda f: _edit(f, DEFERRED, lambda e: _deferred(e, claim="x")),
                             [DEFERRED, "deferred entry must not have 'claim'"]),
     "not_applicable_without_notes": (lambda f: _edit(f, DEFERRED, lambda e: (
-        e.update(state="not_applicable", claim="x"), e.pop("issue"), e.pop("notes", None))),
+        e.update(state="not_applicable", claim="x"), e.pop("notes", None))),
         [DEFERRED, "not_applicable entry needs 'notes'"]),
     "unknown_state": (lambda f: _edit(f, "field:seed", lambda e: e.update(state="partial")),
                       ["field:seed", "state 'partial'"]),

@@ -26,6 +26,11 @@ ADAPTIVE = {"samplers": ["top_k", "adaptive_p"]}
 WARM = {"temperature": 0.8}  # hotter, the tiny model soon emits invalid UTF-8 (a 500 by the rules)
 FIRST_GREEDY_TOKEN = 260  # "def main():\n" greedily continues with this token in the fixture model
 EOS = 1
+# "def main():\n" greedily continues with "    return codecs.CodecInfo(\n": " return" opens it
+BUDGET = {**GREEDY, "prompt": "def main():\n", "n_predict": 16, "cache_prompt": False,
+          "reasoning_budget_start_tag": " return", "reasoning_budget_end_tags": ["\n"],
+          "reasoning_budget_message": " None"}
+BUDGET_PROOF = "test_reasoning_budget_forces_the_end_on_real_output"
 
 
 @dataclass(frozen=True)
@@ -105,19 +110,21 @@ TABLE: dict[str, Case] = {
                                      "grammar_triggers": [{"type": 0, "value": "x"}]}),
     "grammar_triggers": case("refused", {"grammar_triggers": [{"type": 0, "value": "x"}]}),
     "preserved_tokens": case("refused", {"preserved_tokens": [5]}),
-    # chat templates and reasoning: nothing reads them on the native route
+    # chat templates and reasoning: inert on the native route but for the reasoning budget
     "chat_format": case("inert", {"chat_format": 1}),
     "reasoning_format": case("inert", {"reasoning_format": "none"}),
-    "generation_prompt": case("inert", {"generation_prompt": "x"}),
+    "generation_prompt": case("honored", {},
+                              proof="test:test_generation_prompt_is_the_budgets_prefill"),
     "parse_tool_calls": case("inert", {"parse_tool_calls": True}),
     "chat_parser": case("inert", {"chat_parser": "x"}),
     "continue_final_message": case("inert", {"continue_final_message": True}),
     "echo": case("inert", {"echo": True}),
     "reasoning_control": case("inert", {"reasoning_control": {"enabled": False}}),
-    "reasoning_budget_tokens": case("refused", {"reasoning_budget_tokens": 10}),
-    "reasoning_budget_start_tag": case("refused", {"reasoning_budget_start_tag": "<think>"}),
-    "reasoning_budget_end_tags": case("refused", {"reasoning_budget_end_tags": ["</think>"]}),
-    "reasoning_budget_message": case("refused", {"reasoning_budget_message": "stop"}),
+    "reasoning_budget_tokens": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
+    "reasoning_budget_start_tag": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
+    "reasoning_budget_end_tags": case("honored", {},
+                                      proof="test:test_reasoning_budget_end_tag_ends_it_first"),
+    "reasoning_budget_message": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
     **{key: case("inert", {key: 4}) for key in SPECULATIVE_KEYS},
 }
 
@@ -299,3 +306,72 @@ def test_cases_are_real():
         if c.proof in ("differs", "same", "refused"):
             assert c.body, name
 
+
+
+# ---- the reasoning budget (engine/sampling.py) on real output: greedy, so exact ---------------
+def test_reasoning_budget_forces_the_end_on_real_output(client):
+    plain = complete(client, {**BUDGET, "reasoning_budget_tokens": -1})  # the default: no budget
+    assert plain["content"].startswith("    return codecs.CodecInfo(\n")
+    # " code", "c", "s" spend a budget of 3, then the message and the first end tag are forced
+    three = complete(client, {**BUDGET, "reasoning_budget_tokens": 3})
+    forced = [client.post("/tokenize", json={"content": text}).json()["tokens"]
+              for text in (" None", "\n")]
+    assert three["tokens"][:7] == plain["tokens"][:5] + forced[0] + forced[1]
+    assert three["content"].startswith("    return codecs None\n")
+    assert complete(client, {**BUDGET, "reasoning_budget_tokens": 0})["content"].startswith(
+        "    return None\n")
+    # an empty message (or one that is not a string) forces the end tag alone; without a message
+    # nothing is forced: only its handler sets the forced tokens in the reference
+    for message in ("", 5):
+        bare = complete(client, {**BUDGET, "reasoning_budget_tokens": 3,
+                                 "reasoning_budget_message": message})
+        assert bare["content"].startswith("    return codecs\n")
+    unsent = {**BUDGET, "reasoning_budget_tokens": 3, "reasoning_budget_message": None}
+    assert complete(client, unsent)["tokens"] == plain["tokens"]
+
+
+def test_reasoning_budget_end_tag_ends_it_first(client):
+    body = {**BUDGET, "reasoning_budget_end_tags": ["\n", "("]}
+    plain = complete(client, {**body, "reasoning_budget_tokens": -1})
+    # "(" is the 10th token after " return": a budget of 10 ends on it (the tag is not counted),
+    # one of 9 is spent first and forces the first end tag
+    assert complete(client, {**body, "reasoning_budget_tokens": 10})["tokens"] == plain["tokens"]
+    assert complete(client, {**body, "reasoning_budget_tokens": 9})["content"].startswith(
+        "    return codecs.CodecInfo None\n")
+    # the alias is one tag; a null reasoning_budget_end_tags still hides it (no end tag: no budget)
+    alias = {**BUDGET, "reasoning_budget_end_tags": None, "reasoning_budget_end_tag": "(",
+             "reasoning_budget_tokens": 9}
+    assert complete(client, alias)["tokens"] == plain["tokens"]
+    del alias["reasoning_budget_end_tags"]
+    assert complete(client, alias)["content"].startswith("    return codecs.CodecInfo None(")
+
+
+def test_generation_prompt_is_the_budgets_prefill(client):
+    # its tokens are accepted before the first generated one: holding the start tag, it opens the
+    # budget at once, so "    " and " return" spend a budget of 2
+    body = {**BUDGET, "reasoning_budget_tokens": 2}
+    assert complete(client, body)["content"].startswith("    return codec None\n")
+    opened = complete(client, {**body, "generation_prompt": " return"})
+    assert opened["content"].startswith("    return None\n")
+    assert opened["generation_settings"]["generation_prompt"] == " return"
+
+
+TYPE_302 = "[json.exception.type_error.302] type must be"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"reasoning_budget_tokens": -2}, "Field 'reasoning_budget_tokens': Value must be between -1 "
+                                      "<= value <= 2147483647, but got -2"),
+    ({"reasoning_budget_tokens": "3"}, f"Field 'reasoning_budget_tokens': {TYPE_302} number, "
+                                       "but is string"),
+    ({"reasoning_budget_start_tag": 5}, f"Field 'reasoning_budget_start_tag': {TYPE_302} "
+                                        "string, but is number"),
+    ({"reasoning_budget_end_tags": ["</x>", 1]}, f"Field 'reasoning_budget_end_tags': "
+                                                 f"{TYPE_302} string, but is number"),
+    ({"reasoning_budget_end_tag": ["</x>"]}, f"Field 'reasoning_budget_end_tag': {TYPE_302} "
+                                             "string, but is array"),
+])
+def test_reasoning_budget_limits_and_types(client, body, message):
+    r = client.post("/completion", json={**BASE, **body})
+    assert r.status_code == 400
+    assert r.json()["error"] == {"code": 400, "message": message, "type": "invalid_request_error"}

@@ -164,3 +164,21 @@ def test_native_routes_keep_their_shape(client):
     assert "choices" not in client.post("/completion", json=body).json()
     raw = client.post("/completions", json={**body, "stream": True}).text
     assert "[DONE]" not in raw and json.loads(raw.split("data: ")[1])["index"] == 0
+
+
+def test_reasoning_budget_fields_on_the_openai_routes(sdk):
+    """The model's template has no thinking tags, so the reference passes the body's budget fields
+    through to the sampler on both routes, as on /completion (tests/test_fields.py)."""
+    budget = {"cache_prompt": False, "reasoning_budget_tokens": 0,
+              "reasoning_budget_start_tag": "import", "reasoning_budget_end_tags": ["\n"],
+              "reasoning_budget_message": " os"}
+    # greedily "\nimport sys\nimport sys...": each "import" opens the budget, forcing " os\n"
+    chat = sdk.chat.completions.create(model="tiny-python", messages=HELLO, max_tokens=7,
+                                       temperature=0, extra_body=budget)
+    assert chat.choices[0].message.content == "\nimport os\nimport os\n"
+    text = sdk.completions.create(model="tiny-python", prompt="def main():\n", max_tokens=7,
+                                  temperature=0, extra_body={
+                                      **budget, "reasoning_budget_start_tag": " return",
+                                      "reasoning_budget_tokens": 3, "reasoning_budget_message":
+                                      " None"})
+    assert text.choices[0].text == "    return codecs None\n"

@@ -1,5 +1,5 @@
 """The sampler chain on crafted logits: DRY, mirostat 1 and 2, adaptive-p, post-sampling records,
-seed determinism. No model, no Ray."""
+seed determinism, the reasoning budget's state machine. No model, no Ray."""
 
 from __future__ import annotations
 
@@ -10,13 +10,19 @@ import pytest
 
 from engine import sampling
 from engine.sampling import (
+    COUNTING,
+    DONE,
+    WAITING_UTF8,
+    budget_state,
     dry_breakers,
     dry_penalties,
     make_processors,
     make_sampler,
+    prefill_tokens,
+    reasoning_budget_processor,
     recorder,
 )
-from engine.types import SamplingParams
+from engine.types import ReasoningBudget, SamplingParams
 
 N_VOCAB = 8
 
@@ -193,3 +199,53 @@ def test_greedy_with_bias_picks_what_the_bias_processor_then_greedy_picks():
     shared = sampling.greedy_with_bias(bias, 50)
     assert shared is sampling.greedy_with_bias(bias, 50) and sampling.is_shared(shared)
     assert shared(logprobs).tolist() == mx.argmax(processed, axis=-1).tolist()
+
+
+# ---- reasoning budget: start tag 1, end tags (2,) and (5, 5, 6), forced 7 then 2 ----------------
+def budget(n: int, pieces: list[bytes] | None = None, prefill: tuple[int, ...] = ()):
+    spec = ReasoningBudget(n, [1], [[2], [5, 5, 6]], [7, 2])
+    return budget_state(spec, pieces or [b"x"] * N_VOCAB, list(prefill))
+
+
+def feed(state, tokens: list[int]) -> list[int | None]:
+    """What the budget forces after each token."""
+    out = []
+    for token in tokens:
+        state.accept(token)
+        out.append(state.forced_token())
+    return out
+
+
+def test_reasoning_budget_counts_from_the_start_tag_then_forces_and_reopens():
+    state = budget(2)
+    assert feed(state, [3, 3, 1, 3, 3, 7, 2]) == [None, None, None, None, 7, 2, None]
+    assert state.phase == DONE
+    assert feed(state, [3, 1]) == [None, None] and state.phase == COUNTING  # a fresh budget
+    assert feed(budget(0), [1]) == [7]  # a budget of 0 forces at once
+
+
+def test_reasoning_budget_ends_naturally_on_any_end_tag():
+    # 5 5 5 6 ends with the end tag 5 5 6: the 5s are counted, the token ending the tag is not
+    state = budget(4)
+    assert feed(state, [1, 5, 5, 5, 6]) == [None] * 5 and state.phase == DONE
+    assert feed(budget(3), [1, 5, 5, 5]) == [None, None, None, 7]
+
+
+def test_reasoning_budget_waits_for_a_whole_character():
+    pieces = [b"x"] * N_VOCAB
+    pieces[3], pieces[4] = b"\xe2\x82", b"\xac"  # each piece alone ends mid-character
+    state = budget(1, pieces)
+    assert feed(state, [1, 3, 4]) == [None, None, None] and state.phase == WAITING_UTF8
+    assert feed(state, [0]) == [7]
+
+
+def test_reasoning_budget_prefill_and_processor():
+    assert budget(2, prefill=(3, 1)).phase == COUNTING  # the generation prompt opened it
+    special = [b" ", b"<think>"]
+    assert prefill_tokens("<think>", lambda text: [0, 1], special) == [1]  # a tokenizer's space
+    assert prefill_tokens(" <think>", lambda text: [0, 1], special) == [0, 1]
+    process = reasoning_budget_processor(budget(0))
+    logits = mx.zeros((1, N_VOCAB))
+    assert process(mx.array([1]), logits) is logits  # the prompt's last token is not accepted
+    forced = process(mx.array([1, 1]), logits)[0].tolist()  # the start tag was generated
+    assert forced[7] == 0.0 and forced.count(float("-inf")) == N_VOCAB - 1
