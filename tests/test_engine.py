@@ -177,7 +177,8 @@ def test_gather_interval_grows_with_the_running_sequences():
 
 
 def test_gather_holds_a_lone_stream_for_its_per_sequence_share(engine):
-    """One running sequence with 2 s per sequence: the same two batches as a fixed interval."""
+    """One running sequence with 2 s per sequence: after the first token, the rest arrive
+    together (the last may leave alone: once its slot is free no sequence runs, no gather)."""
     async def batches(gather):
         req = greedy_request(engine, "def main():\n", 12, stream=True, cache_prompt=False,
                              ignore_eos=True)
@@ -185,7 +186,9 @@ def test_gather_holds_a_lone_stream_for_its_per_sequence_share(engine):
         return [b async for b in aio.generate(engine, [req], gather)
                 if any(isinstance(e, TokenEvent) for e in b)]
 
-    assert len(asyncio.run(batches(aio.Gather(per_sequence_s=2.0, max_s=5.0)))) == 2
+    got = asyncio.run(batches(aio.Gather(per_sequence_s=2.0, max_s=5.0)))
+    sizes = [sum(isinstance(e, TokenEvent) for e in b) for b in got]
+    assert len(got) <= 3 and max(sizes) >= 9, sizes
 
 
 def test_a_final_event_ends_the_gather(engine):
