@@ -1,10 +1,11 @@
 """``python -m compat.check [--fix] [FOLDER]``: validate the manifest; exit 1 naming each bad entry.
 
-Checks the entry schema, the state rules of the inventory (supported: a claim and a test, no
-divergence; aliased: the name it maps to and a test; not_applicable: notes, the diagnostic as its
-claim and a test; by_design: a divergence, a rationale and a test; deferred: an open issue, no
-claim), unique ids, the counts of pin.json, that every ``test`` pointer names an existing test
-function (test files are parsed, never imported) and that every shard is in canonical form.
+Checks the entry schema (routes, fields and command-line options), the state rules of the
+inventory (supported: a claim and a test, no divergence; aliased: the name it maps to and a test;
+not_applicable: notes, the diagnostic as its claim and a test; by_design: a divergence, a rationale
+and a test; deferred: an open issue, no claim), unique ids, the counts of pin.json, that every
+``test`` pointer names an existing test function (test files are parsed, never imported) and that
+every shard is in canonical form.
 ``--fix`` rewrites the shards canonically (sorted entries, one per line) before checking.
 """
 
@@ -23,6 +24,7 @@ from .manifest import (
     KEYS,
     KINDS,
     MANIFEST,
+    OPTION_FACTS,
     RATIONALE_KEYS,
     RATIONALE_KINDS,
     REQUIRED,
@@ -112,9 +114,12 @@ def _rationale_problems(rationale: Any) -> list[str]:
     return problems
 
 
+FACTS = {"route": (ROUTE_FACTS, ("method", "path")), "field": (FIELD_FACTS, ("name", "type")),
+         "option": (OPTION_FACTS, ("flags",))}
+
+
 def _facts_problems(kind: str, facts: dict) -> list[str]:
-    spec = ROUTE_FACTS if kind == "route" else FIELD_FACTS
-    required = ("method", "path") if kind == "route" else ("name", "type")
+    spec, required = FACTS[kind]
     problems = [f"facts need {k!r}" for k in required if not facts.get(k)]
     for key, value in facts.items():
         if key not in spec:
@@ -123,6 +128,23 @@ def _facts_problems(kind: str, facts: dict) -> list[str]:
             problems.append(f"facts {key!r} must be a {spec[key].__name__}")
     if kind == "route" and facts.get("method") not in HTTP_METHODS:
         problems.append(f"facts method {facts.get('method')!r} is not an HTTP method")
+    if kind == "option":
+        problems += _spelling_problems(facts)
+    return problems
+
+
+def _spelling_problems(facts: dict) -> list[str]:
+    """Flags are command-line spellings (``-c``, ``--ctx-size``), each given once; a
+    ``--no-X`` spelling belongs in ``negative``; the variable is an environment name."""
+    spellings = [f for key in ("flags", "negative") if isinstance(facts.get(key), list)
+                 for f in facts[key]]
+    problems = [f"facts spelling {f!r} is not a flag" for f in spellings
+                if not isinstance(f, str) or not f.startswith("-") or " " in f]
+    if len(spellings) != len(set(map(str, spellings))):
+        problems.append("facts spell a flag twice")
+    env = facts.get("env")
+    if isinstance(env, str) and not env.replace("_", "").isalnum():
+        problems.append(f"facts env {env!r} is not an environment variable name")
     return problems
 
 

@@ -18,13 +18,16 @@ DOC = ROOT / "docs" / "llama-server-compat.md"
 README = ROOT / "README.md"
 
 STATES = ("supported", "aliased", "not_applicable", "by_design", "deferred")
-KINDS = ("route", "field")
+KINDS = ("route", "field", "option")
 # every key an entry may carry, in canonical order; the first four are required
 KEYS = ("id", "kind", "state", "facts", "claim", "test", "issue", "divergence", "rationale",
         "notes")
 REQUIRED = KEYS[:4]
 ROUTE_FACTS = {"method": str, "path": str}
 FIELD_FACTS = {"name": str, "type": str, "aliases": list, "parent": str, "example": object}
+# a command-line option: its spellings, the --no-X spellings of a boolean one, its LLAMA_ARG_*
+# variable, its value's placeholder (none for a switch) and a non-default value the tests pass
+OPTION_FACTS = {"flags": list, "negative": list, "env": str, "value": str, "example": str}
 RATIONALE_KINDS = ("architectural", "policy")
 RATIONALE_KEYS = ("kind", "reason", "revisit")
 
@@ -38,11 +41,19 @@ class Shard:
 
 
 def entry_id(kind: str, facts: dict[str, Any]) -> str:
-    """The id facts imply: ``route:POST /completion``, ``field:stream_options.include_usage``."""
+    """The id facts imply: ``route:POST /completion``, ``field:stream_options.include_usage``,
+    ``option:--ctx-size`` (an option's first long spelling, else its first)."""
     if kind == "route":
         return f"route:{facts.get('method')} {facts.get('path')}"
+    if kind == "option":
+        return f"option:{option_name(facts.get('flags') or [])}"
     parent = facts.get("parent")
     return f"field:{parent}.{facts.get('name')}" if parent else f"field:{facts.get('name')}"
+
+
+def option_name(flags: list[Any]) -> str:
+    names = [f for f in flags if isinstance(f, str)]
+    return next((f for f in names if f.startswith("--")), names[0] if names else "")
 
 
 def load_pin(folder: Path = MANIFEST) -> dict[str, Any]:

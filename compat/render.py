@@ -33,6 +33,10 @@ def entry_label(entry: dict[str, Any]) -> str:
     facts = entry["facts"]
     if entry["kind"] == "route":
         return _code(f"{facts['method']} {facts['path']}")
+    if entry["kind"] == "option":
+        value = f" {facts['value']}" if facts.get("value") else ""
+        spelled = _code(", ".join(facts["flags"] + facts.get("negative", [])) + value)
+        return spelled + (f" (env {_code(facts['env'])})" if facts.get("env") else "")
     label = _code(entry["id"].removeprefix("field:"))
     extras = [f"alias {_code(a)}" for a in facts.get("aliases", [])]
     return label + (f" ({', '.join(extras)})" if extras else "") + f" {_cell(facts['type'])}"
@@ -46,7 +50,7 @@ def _mlxray(entry: dict[str, Any]) -> str:
 
 def counts_table(items: list[dict[str, Any]]) -> str:
     counts = counts_by_state(items)
-    rows = ["| state | routes | fields | total |", "|---|---:|---:|---:|"]
+    rows = ["| state | routes | fields | options | total |", "|---|---:|---:|---:|---:|"]
     for state in STATES:
         per_kind = [counts[k][state] for k in KINDS]
         rows.append(f"| `{state}` | {' | '.join(map(str, per_kind))} | {sum(per_kind)} |")
@@ -90,7 +94,9 @@ def render_doc(folder: Path = MANIFEST) -> str:
         "",
         f"What mlxray does with each of the {pin['counts']['route']} HTTP routes and "
         f"{pin['counts']['field']} native request fields of {ref['name']} {ref['release']} "
-        f"(commit {ref['commit']}). The reference captures in `{cap['folder']}` come from "
+        f"(commit {ref['commit']}), and with {pin['counts']['option']} of its command-line "
+        "options (the `mlxray` command, `deployments/cli.py`; their `LLAMA_ARG_*` variables "
+        f"alike). The reference captures in `{cap['folder']}` come from "
         f"{cap['release']} (commit {cap['commit']}). `python -m compat.check` validates every "
         "entry in CI; the tests in `tests/test_compat.py` bind each claim to the running code.",
         "",

@@ -1,6 +1,14 @@
-"""The ingress's shared state and guards; route mixins in ``deployments/routes`` build on it."""
+"""The ingress's shared state and guards; route mixins in ``deployments/routes`` build on it.
+
+An application serves one model or several (``GraphArgs.models``). Each is a ``ModelEndpoint``:
+its settings, tokenizer and chat template, and the handles of its shaper and replica. A request
+names its model in its ``model`` field (a GET request: the ``model`` query parameter), as clients
+of llama-server's router mode do; one that names none goes to the first model. With a single
+model, ``model`` is ignored, as llama-server ignores it outside router mode.
+"""
 
 import time
+from typing import Any
 
 from fastapi import Request
 from ray.serve.handle import DeploymentHandle
@@ -9,35 +17,41 @@ from engine.vocab import Vocab, load_vocab
 
 from .chat import ChatTemplate
 from .config import GraphArgs
-from .errors import ApiError
+from .errors import ApiError, invalid
 from .schema import CompletionParams, ParseContext, f32
 
 PUBLIC_PATHS = {"/health", "/v1/health"}
 
 
-class IngressBase:
-    def __init__(self, shaper: DeploymentHandle, replica: DeploymentHandle, args: GraphArgs):
+class ModelEndpoint:
+    """One model of the application, as the ingress sees it."""
+
+    def __init__(self, shaper: DeploymentHandle, replica: DeploymentHandle, args: GraphArgs,
+                 vocab: Vocab):
         self.shaper = shaper
         self.replica = replica
         self.args = args
-        self.vocab: Vocab = load_vocab(args.model_path)
+        self.vocab = vocab
         self.defaults = CompletionParams(
             temperature=f32(args.temperature), seed=args.seed, n_predict=args.n_predict,
             cache_prompt=args.cache_prompt,
         )
         self.parse_context = ParseContext(
             n_parallel=args.n_parallel,
-            tokenize=lambda text: self.vocab.tokenize(text, add_special=False),
-            n_vocab=self.vocab.n_vocab,
-            eog_ids=tuple(sorted(self.vocab.eog_ids)),
+            tokenize=lambda text: vocab.tokenize(text, add_special=False),
+            n_vocab=vocab.n_vocab,
+            eog_ids=tuple(sorted(vocab.eog_ids)),
         )
-        self.chat = ChatTemplate(self.vocab.hf)
-        self.started = time.time()
+        self.chat = ChatTemplate(vocab.hf)
         self._ready = False
         self._model_info: dict | None = None
 
+    @property
+    def name(self) -> str:
+        return self.args.model_name
+
     async def check_ready(self) -> None:
-        """503 "Loading model" on every route until the replica has its model."""
+        """503 "Loading model" until the replica has its model."""
         if not self._ready:
             self._ready = await self.replica.ready.remote()
             if not self._ready:
@@ -49,13 +63,54 @@ class IngressBase:
             self._model_info = await self.replica.model_info.remote()
         return self._model_info
 
+
+ModelStack = tuple[DeploymentHandle, DeploymentHandle, GraphArgs]
+
+
+class IngressBase:
+    def __init__(self, models: list[ModelStack], args: GraphArgs):
+        self.args = args  # the application's: api_key, max_body_bytes (and each model's defaults)
+        vocabs: dict[str, Vocab] = {}
+        self.models: list[ModelEndpoint] = []
+        for shaper, replica, model_args in models:
+            path = model_args.model_path
+            if path not in vocabs:  # the same weights under several names share a tokenizer
+                vocabs[path] = load_vocab(path)
+            self.models.append(ModelEndpoint(shaper, replica, model_args, vocabs[path]))
+        self.by_name = {m.name: m for m in self.models}
+        self.started = time.time()
+
+    def select(self, name: Any) -> ModelEndpoint:
+        """The model a request names; the first one when it names none (a missing, empty or
+        non-string ``model``). An unknown name is the router's 400."""
+        if len(self.models) == 1 or not isinstance(name, str) or not name:
+            return self.models[0]
+        model = self.by_name.get(name)
+        if model is None:
+            raise invalid(f"model '{name}' not found")
+        return model
+
+    def model_of(self, body: Any, request: Request | None = None) -> ModelEndpoint:
+        """The model of a request: its body's ``model``, else its ``model`` query parameter."""
+        name = body.get("model") if isinstance(body, dict) else None
+        if name is None and request is not None:
+            name = request.query_params.get("model")
+        return self.select(name)
+
+    async def check_ready(self) -> None:
+        """503 "Loading model" on every route until every model is loaded."""
+        for model in self.models:
+            await model.check_ready()
+
     def check_key(self, request: Request) -> None:
-        key = self.args.api_key
-        if not key or request.url.path in PUBLIC_PATHS or request.method == "OPTIONS":
+        """``Authorization: Bearer <key>`` or ``X-Api-Key``; ``api_key`` may list several keys,
+        comma-separated, as llama-server's ``--api-key`` does."""
+        keys = [k for k in (self.args.api_key or "").split(",") if k]
+        if not keys or request.url.path in PUBLIC_PATHS or request.method == "OPTIONS":
             return
         auth = request.headers.get("authorization", "")
         given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        if given != key:
+        if given not in keys:
             raise ApiError("Invalid API Key", "authentication_error", middleware=True)
 
     async def guard(self, request: Request) -> None:

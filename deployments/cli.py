@@ -38,6 +38,13 @@ class Option:
     kind: Callable[[str], Any] | None = str
     help: str = ""
     negative: tuple[str, ...] = ()  # --no-X flags of a boolean option
+    # a switch mlxray honors one way only: the value it always has (the other way is refused,
+    # naming the spelling given, with this reason)
+    only: bool | None = None
+    reason: str = ""
+
+    def spellings(self, value: bool) -> tuple[str, ...]:
+        return self.flags if value else self.negative
 
 
 def _bool_env(value: str) -> bool:
@@ -58,7 +65,10 @@ HONORED: tuple[Option, ...] = (
     Option(("-n", "--predict", "--n-predict"), "n_predict", "LLAMA_ARG_N_PREDICT", int,
            "default token limit (-1: none)"),
     Option(("-a", "--alias"), "alias", "LLAMA_ARG_ALIAS", help="model name in responses"),
-    Option(("--api-key",), "api_key", "LLAMA_API_KEY", help="required API key"),
+    Option(("--api-key",), "api_key", "LLAMA_API_KEY",
+           help="required API key (several: comma-separated)"),
+    Option(("--api-key-file",), "api_key_file",
+           help="file of API keys, one per line (# starts a comment)"),
     Option(("--metrics",), "metrics", "LLAMA_ARG_ENDPOINT_METRICS", None, "serve /metrics"),
     Option(("--slots",), "slots", "LLAMA_ARG_ENDPOINT_SLOTS", None, "serve /slots (default)",
            negative=("--no-slots",)),
@@ -72,58 +82,112 @@ HONORED: tuple[Option, ...] = (
     Option(("--pooling",), "pooling", "LLAMA_ARG_POOLING", help="embedding pooling"),
     Option(("--slot-save-path",), "slot_save_path", None,
            help="folder for slot save/restore"),
+    Option(("--api-prefix",), "api_prefix", "LLAMA_ARG_API_PREFIX",
+           help="path prefix of every route (e.g. /llm)"),
     Option(("-cb", "--cont-batching"), "cont_batching", "LLAMA_ARG_CONT_BATCHING", None,
-           "continuous batching: always on", negative=("-nocb", "--no-cont-batching")),
+           "continuous batching: always on", negative=("-nocb", "--no-cont-batching"),
+           only=True, reason="batching is always continuous"),
+    Option(("--jinja",), "jinja", "LLAMA_ARG_JINJA", None, "Jinja chat templates: always on",
+           negative=("--no-jinja",), only=True,
+           reason="chat templates are always rendered with Jinja"),
+    Option(("--context-shift",), "context_shift", "LLAMA_ARG_CONTEXT_SHIFT", None,
+           "context shift: always off", negative=("--no-context-shift",), only=False,
+           reason="context shift needs KV shifting, which MLX KV caches do not have"),
+    Option(("--webui",), "webui", "LLAMA_ARG_WEBUI", None, "web UI: none",
+           negative=("--no-webui",), only=False,
+           reason="mlxray serves the API only: no web UI, no static files"),
 )
 
-# llama-server options mlxray knows and does not honor: (flags, environment variable).
-REFUSED: tuple[tuple[tuple[str, ...], str | None], ...] = (
-    (("--chat-template",), "LLAMA_ARG_CHAT_TEMPLATE"),
-    (("--chat-template-file",), "LLAMA_ARG_CHAT_TEMPLATE_FILE"),
-    (("--jinja", "--no-jinja"), "LLAMA_ARG_JINJA"),
-    (("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH"),
-    (("-t", "--threads"), "LLAMA_ARG_THREADS"),
-    (("-tb", "--threads-batch"), "LLAMA_ARG_THREADS_BATCH"),
-    (("--threads-http",), "LLAMA_ARG_THREADS_HTTP"),
-    (("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS"),
-    (("-fa", "--flash-attn"), "LLAMA_ARG_FLASH_ATTN"),
-    (("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K"),
-    (("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V"),
-    (("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED"),
-    (("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE"),
-    (("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM"),
-    (("--context-shift", "--no-context-shift"), "LLAMA_ARG_CONTEXT_SHIFT"),
-    (("-to", "--timeout"), "LLAMA_ARG_TIMEOUT"),
-    (("--mlock",), "LLAMA_ARG_MLOCK"),
-    (("--no-mmap", "--mmap"), "LLAMA_ARG_MMAP"),
-    (("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO"),
-    (("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL"),
-    (("--lora",), None),
-    (("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ"),
-    (("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT"),
-    (("--rerank", "--reranking"), "LLAMA_ARG_RERANKING"),
-    (("--api-key-file",), None),
-    (("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE"),
-    (("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE"),
-    (("--path",), "LLAMA_ARG_STATIC_PATH"),
-    (("--api-prefix",), "LLAMA_ARG_API_PREFIX"),
-    (("--no-webui", "--webui"), "LLAMA_ARG_WEBUI"),
-    (("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE"),
-    (("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE"),
-    (("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE"),
-    (("-dev", "--device"), "LLAMA_ARG_DEVICE"),
-    (("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE"),
-    (("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT"),
-    (("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU"),
-    (("--numa",), "LLAMA_ARG_NUMA"),
-    (("--slot-prompt-similarity", "-sps"), None),
-    (("--reasoning-format",), "LLAMA_ARG_THINK"),
-    (("--reasoning-budget",), "LLAMA_ARG_THINK_BUDGET"),
-    (("--models-dir",), "LLAMA_ARG_MODELS_DIR"),
-    (("--top-k",), None), (("--top-p",), None), (("--min-p",), None),
-    (("--repeat-penalty",), None), (("--samplers",), None),
-    (("-v", "--verbose", "--log-verbose"), None),
-    (("--log-disable",), None), (("--log-file",), None),
+@dataclass(frozen=True)
+class Unhonored:
+    """A llama-server option mlxray refuses: every spelling of it, its environment variable and
+    why, printed with the refusal (docs/llama-server-compat.md classifies each)."""
+
+    flags: tuple[str, ...]
+    env: str | None
+    reason: str
+
+
+SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
+THREADS = "MLX schedules its own compute threads"
+KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
+KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
+            "longest common prefix")
+LOADING = "mlx-lm loads the weights itself: there is no mmap or mlock switch"
+TEMPLATE = "the chat template is the model folder's own (tokenizer_config.json): put yours there"
+DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a cached Hugging Face "
+            "id)")
+TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
+       "load balancer")
+NO_UI = "mlxray serves the API only: no web UI, no static files"
+ROPE = "RoPE settings come from the model folder's config.json"
+ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
+          "time")
+SAMPLING = "sampling defaults other than --temp and --seed are not taken: send them per request"
+LOGS = "logs are Ray's (the session's log folder, RAY_SERVE_* logging settings)"
+LATER = "not supported by mlxray yet (issue #{})"
+
+REFUSED: tuple[Unhonored, ...] = (
+    Unhonored(("--chat-template",), "LLAMA_ARG_CHAT_TEMPLATE", TEMPLATE),
+    Unhonored(("--chat-template-file",), "LLAMA_ARG_CHAT_TEMPLATE_FILE", TEMPLATE),
+    Unhonored(("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH",
+              "MLX has no separate physical batch: -b sets the prefill chunk"),
+    Unhonored(("-t", "--threads"), "LLAMA_ARG_THREADS", THREADS),
+    Unhonored(("-tb", "--threads-batch"), "LLAMA_ARG_THREADS_BATCH", THREADS),
+    Unhonored(("--threads-http",), "LLAMA_ARG_THREADS_HTTP",
+              "Ray Serve's HTTP proxy serves requests asynchronously, without a thread pool"),
+    Unhonored(("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS",
+              "MLX keeps the whole model in unified memory: there are no layers to offload"),
+    Unhonored(("-fa", "--flash-attn"), "LLAMA_ARG_FLASH_ATTN",
+              "MLX chooses its own attention kernel"),
+    Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
+    Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
+    Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
+              "each slot owns its KV cache: there is no shared KV buffer"),
+    Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
+    Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
+              "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
+    Unhonored(("-to", "--timeout"), "LLAMA_ARG_TIMEOUT",
+              "the request time limit is Ray Serve's http_options.request_timeout_s"),
+    Unhonored(("--mlock",), "LLAMA_ARG_MLOCK", LOADING),
+    Unhonored(("--no-mmap", "--mmap"), "LLAMA_ARG_MMAP", LOADING),
+    Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
+    Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
+    Unhonored(("--lora",), None, "LoRA adapters are not supported by mlxray"),
+    Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
+    Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
+              "mlxray has no speculative decoding"),
+    Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
+              "reranking is not supported by mlxray (it serves no reranking models)"),
+    Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
+    Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
+    Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
+    Unhonored(("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE", ROPE),
+    Unhonored(("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE", ROPE),
+    Unhonored(("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE", ROPE),
+    Unhonored(("-dev", "--device"), "LLAMA_ARG_DEVICE", "MLX runs the model on its default device"),
+    Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
+    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
+    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
+    Unhonored(("--numa",), "LLAMA_ARG_NUMA", "MLX places its memory itself"),
+    Unhonored(("--slot-prompt-similarity", "-sps"), None,
+              "every slot shares the prefix cache: a request reuses the longest cached prefix "
+              "whatever slot it gets"),
+    Unhonored(("--reasoning-format",), "LLAMA_ARG_THINK", LATER.format(3)),
+    Unhonored(("--reasoning-budget",), "LLAMA_ARG_THINK_BUDGET", LATER.format(3)),
+    Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
+    Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
+    Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
+    Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
+              ROUTER),
+    Unhonored(("--top-k",), None, SAMPLING),
+    Unhonored(("--top-p",), None, SAMPLING),
+    Unhonored(("--min-p",), None, SAMPLING),
+    Unhonored(("--repeat-penalty",), None, SAMPLING),
+    Unhonored(("--samplers",), None, SAMPLING),
+    Unhonored(("-v", "--verbose", "--log-verbose"), None, LOGS),
+    Unhonored(("--log-disable",), None, LOGS),
+    Unhonored(("--log-file",), None, LOGS),
 )
 
 DEFAULTS = {"host": "127.0.0.1", "port": 8080, "parallel": -1, "ctx_size": 0,
@@ -142,12 +206,13 @@ def parser() -> argparse.ArgumentParser:
         epilog="llama-server flags not listed here are refused, naming them.")
     for opt in HONORED:
         help_text = opt.help + (f" [env {opt.env}]" if opt.env else "")
-        if opt.kind is None:
+        if opt.kind is None:  # a switch: its honored spellings shown, the others parsed quietly
+            shown = opt.only is not False
             p.add_argument(*opt.flags, dest=opt.dest, action="store_const", const=True,
-                           default=None, help=help_text)
+                           default=None, help=help_text if shown else argparse.SUPPRESS)
             if opt.negative:
                 p.add_argument(*opt.negative, dest=opt.dest, action="store_const",
-                               const=False, help=argparse.SUPPRESS)
+                               const=False, help=argparse.SUPPRESS if shown else help_text)
         else:
             p.add_argument(*opt.flags, dest=opt.dest, type=opt.kind, default=None,
                            help=help_text)
@@ -156,13 +221,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}
+
+
 def refused_flags(argv: Sequence[str]) -> list[str]:
-    known = {flag for flags, _ in REFUSED for flag in flags}
-    return [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in known]
+    return [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in REFUSED_BY_NAME]
 
 
 def refused_env(environ: dict[str, str]) -> list[str]:
-    return [env for _, env in REFUSED if env and env in environ]
+    return [u.env for u in REFUSED if u.env and u.env in environ]
+
+
+def refusal(names: list[str]) -> str:
+    """Every refused option given, named, each with the reason mlxray does not honor it."""
+    lines = [f"mlxray does not honor these llama-server options: {', '.join(names)} "
+             "(see docs/llama-server-compat.md)"]
+    lines += [f"  {name}: {REFUSED_BY_NAME[name].reason}" for name in names]
+    return "\n".join(lines)
 
 
 def _from_env(opt: Option, environ: dict[str, str]) -> Any:
@@ -178,19 +253,25 @@ def _from_env(opt: Option, environ: dict[str, str]) -> Any:
 
 
 def parse(argv: Sequence[str], environ: dict[str, str]) -> argparse.Namespace:
-    flags, env = refused_flags(argv), refused_env(environ)
-    if flags or env:
-        names = ", ".join(flags + env)
-        raise Refused(f"mlxray does not honor these llama-server options: {names} "
-                      "(see docs/llama-server-compat.md)")
+    names = refused_flags(argv) + refused_env(environ)
+    if names:
+        raise Refused(refusal(names))
     ns = parser().parse_args(list(argv))
     for opt in HONORED:
         if getattr(ns, opt.dest) is None:
             value = _from_env(opt, environ)
             setattr(ns, opt.dest, DEFAULTS.get(opt.dest) if value is None else value)
-    if ns.cont_batching is False:
-        raise Refused("mlxray does not honor --no-cont-batching: batching is always continuous")
+        _check_only(opt, getattr(ns, opt.dest), argv, environ)
     return ns
+
+
+def _check_only(opt: Option, value: Any, argv: Sequence[str], environ: dict[str, str]) -> None:
+    """A one-way switch set the other way is refused, naming the spelling or variable given."""
+    if opt.only is None or value is None or value == opt.only:
+        return
+    given = [a for a in argv if a in opt.spellings(not opt.only)]
+    name = given[-1] if given else f"{opt.env}={environ.get(opt.env or '', '')}"
+    raise Refused(f"mlxray does not honor {name}: {opt.reason}")
 
 
 def model_context(model_path: str) -> int:
@@ -211,7 +292,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "seed": SEED_RANDOM if ns.seed == -1 else ns.seed,
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
                               "slots": ns.slots is not False, "cache_prompt": ns.cache_prompt
-                              is not False, "alias": ns.alias, "api_key": ns.api_key,
+                              is not False, "alias": ns.alias, "api_key": api_keys(ns),
                               "embeddings": bool(ns.embeddings),
                               "slot_save_path": ns.slot_save_path}
     if ns.pooling is not None:
@@ -228,6 +309,26 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     return GraphArgs.model_validate(fields)
 
 
+def api_keys(ns: argparse.Namespace) -> str | None:
+    """--api-key's keys and --api-key-file's, comma-separated, as llama-server gathers both."""
+    keys = [k for k in (ns.api_key or "").split(",") if k]
+    if ns.api_key_file:
+        try:
+            lines = Path(ns.api_key_file).read_text().splitlines()
+        except OSError as exc:
+            raise Refused(f"--api-key-file: {exc}") from None
+        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return ",".join(keys) or None
+
+
+def route_prefix(ns: argparse.Namespace) -> str:
+    """--api-prefix as Ray Serve's route prefix (``/`` without one)."""
+    prefix = (ns.api_prefix or "").rstrip("/")
+    if prefix and not prefix.startswith("/"):
+        raise Refused(f"--api-prefix {ns.api_prefix!r} must start with /")
+    return prefix or "/"
+
+
 def serve_config(ns: argparse.Namespace) -> dict:
     """The config ``serve run`` takes: one application, the graph of deployments/graph.py."""
     graph = graph_args(ns)
@@ -239,7 +340,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
         "http_options": {"host": ns.host, "port": ns.port},
         "applications": [{
             "name": APP_NAME,
-            "route_prefix": "/",
+            "route_prefix": route_prefix(ns),
             "import_path": "deployments.graph:build_app",
             "args": args,
             "deployments": [
@@ -284,7 +385,9 @@ def run(config: dict) -> None:
                 raise Refused(f"the application failed to deploy: {state.message}")
             if not announced and state is not None and state.status == ApplicationStatus.RUNNING:
                 host, port = config["http_options"]["host"], config["http_options"]["port"]
-                print(f"mlxray: serving on http://{host}:{port}", file=sys.stderr, flush=True)
+                prefix = config["applications"][0]["route_prefix"].rstrip("/")
+                print(f"mlxray: serving on http://{host}:{port}{prefix}", file=sys.stderr,
+                      flush=True)
                 announced = True
             time.sleep(0.5)
     finally:

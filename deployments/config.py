@@ -4,9 +4,9 @@ typo in a config fails at start with a clear message."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.aio import Gather
 
@@ -17,6 +17,9 @@ BUILD_INFO = "b10621-c1d0e7a"
 # The default gather of stream tokens after the first (docs/performance.md has the A/B).
 PER_SEQUENCE_MS = 4.0
 MAX_INTERVAL_MS = 50.0
+# Settings of the whole application (the ingress's), never of one model: a ``models`` entry
+# may not set them, as llama-server's router keeps its API key from its model presets.
+APP_WIDE = ("api_key", "max_body_bytes")
 
 
 class GraphArgs(BaseModel):
@@ -28,7 +31,7 @@ class GraphArgs(BaseModel):
     n_ctx: int = Field(2048, ge=8, description="context tokens per slot")
     n_batch: int = Field(512, ge=1, description="prefill chunk in tokens (llama-server -b)")
     n_predict: int = Field(-1, ge=-1, description="default token limit (llama-server -n)")
-    temperature: float = Field(0.8, ge=0.0, description="default temperature (--temp)")
+    temperature: float = Field(0.8, description="default temperature (--temp; <= 0: greedy)")
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
     cache_prompt: bool = Field(True, description="default of cache_prompt")
     cache_entries: int = Field(0, ge=0, description="prefix-cache entries; 0: two per slot")
@@ -53,13 +56,33 @@ class GraphArgs(BaseModel):
     pooling: Literal["none", "mean", "cls", "last"] = Field(
         "none", description="embedding pooling (--pooling); none: the model's default here")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
+    models: tuple[dict[str, Any], ...] = Field(
+        (), description="several models in one application: each entry sets one model's keys "
+                        "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "
+                        "`model` picks one by name, the first answers requests that name none")
 
     @model_validator(mode="after")
     def _check(self) -> GraphArgs:
         looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
         if looks_local and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
+        self.model_configs()
         return self
+
+    def model_configs(self) -> tuple[GraphArgs, ...]:
+        """One GraphArgs per model the application serves, the default (first) one first: this
+        one alone, or each ``models`` entry over the keys set here."""
+        if not self.models:
+            return (self,)
+        shared = self.model_dump(exclude={"models"}, exclude_unset=True)
+        configs = tuple(_model_entry(i, entry, shared) for i, entry in enumerate(self.models))
+        seen: set[str] = set()
+        for config in configs:
+            if config.model_name in seen:  # llama-server's router refuses the same
+                raise ValueError(f"model '{config.model_name}' appears multiple times "
+                                 "(give each entry its own alias)")
+            seen.add(config.model_name)
+        return configs
 
     @property
     def model_path(self) -> str:
@@ -77,3 +100,16 @@ class GraphArgs(BaseModel):
     @property
     def model_name(self) -> str:
         return self.alias or self.model
+
+
+def _model_entry(index: int, entry: dict[str, Any], shared: dict[str, Any]) -> GraphArgs:
+    wide = sorted(set(entry) & {"models", *APP_WIDE})
+    if wide:
+        raise ValueError(f"models[{index}]: {', '.join(wide)} is set for the whole application, "
+                         "not per model")
+    try:
+        return GraphArgs.model_validate({**shared, **entry})
+    except ValidationError as exc:
+        details = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+                            for e in exc.errors())
+        raise ValueError(f"models[{index}]: {details}") from None

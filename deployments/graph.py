@@ -1,7 +1,9 @@
 """The graph builder: ingress -> response shaper -> model replica, from a config's ``args``.
 
 ``serve run configs/local.yaml`` calls ``build_app(args)``; Python callers do the same:
-``serve.run(build_app({"model": "models/tiny-python"}))``.
+``serve.run(build_app({"model": "models/tiny-python"}))``. An application of several models
+(``args.models``, configs/multi-model.yaml) gets one shaper and one replica deployment per model,
+named ``ResponseShaper:<model>`` and ``ModelReplica:<model>``, behind one ingress.
 """
 
 from __future__ import annotations
@@ -32,13 +34,34 @@ def replica_ongoing_limit(config: GraphArgs) -> int:
     return config.n_parallel + config.max_queue + CONTROL_HEADROOM
 
 
+def front_ongoing_limit(config: GraphArgs) -> int:
+    return max(1000, 2 * replica_ongoing_limit(config))
+
+
+def deployment_suffix(model_name: str) -> str:
+    """``:<model>`` as Ray Serve LLM names its per-model deployments (``LLMServer:<model>``):
+    a path's slashes and dots made readable, Serve's replica-id delimiter ``#`` removed."""
+    return ":" + model_name.replace("/", "--").replace(".", "_").replace("#", "_")
+
+
 def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None) -> Application:
     """``replica_options`` are ModelReplica's deployment options (num_replicas,
     autoscaling_config, request_router_config, health_check_period_s, ...), as a config's
-    ``deployments`` sets them; max_ongoing_requests defaults to ``replica_ongoing_limit``."""
-    limit = replica_ongoing_limit(config)
-    front = max(1000, 2 * limit)
-    options = {"max_ongoing_requests": limit, **(replica_options or {})}
-    replica = ModelReplica.options(**options).bind(config)
-    shaper = ResponseShaper.options(max_ongoing_requests=front).bind(replica, config)
-    return Ingress.options(max_ongoing_requests=front).bind(shaper, replica, config)
+    ``deployments`` sets them, for every model's replicas; max_ongoing_requests defaults to
+    ``replica_ongoing_limit``."""
+    models = config.model_configs()
+    named = len(models) > 1
+    stacks = [model_stack(m, replica_options, deployment_suffix(m.model_name) if named else "")
+              for m in models]
+    front = max(front_ongoing_limit(m) for m in models)
+    return Ingress.options(max_ongoing_requests=front).bind(stacks, config)
+
+
+def model_stack(config: GraphArgs, replica_options: dict[str, Any] | None,
+                suffix: str) -> tuple[Application, Application, GraphArgs]:
+    """One model's shaper and replica deployments, and its settings, as the ingress takes them."""
+    options = {"max_ongoing_requests": replica_ongoing_limit(config), **(replica_options or {})}
+    replica = ModelReplica.options(name="ModelReplica" + suffix, **options).bind(config)
+    shaper = ResponseShaper.options(name="ResponseShaper" + suffix,
+                                    max_ongoing_requests=front_ongoing_limit(config))
+    return shaper.bind(replica, config), replica, config

@@ -61,13 +61,83 @@ def test_environment_variables_and_flag_precedence():
 
 @pytest.mark.parametrize("argv,environ,named", [
     (["-ngl", "99"], {}, "-ngl"),
-    (["-t", "4", "--jinja"], {}, "-t, --jinja"),
+    (["-t", "4", "--lora", "a.gguf"], {}, "-t, --lora"),
     (["--chat-template=chatml"], {}, "--chat-template"),
     ([], {"LLAMA_ARG_N_GPU_LAYERS": "99"}, "LLAMA_ARG_N_GPU_LAYERS"),
 ])
 def test_unhonored_options_are_refused_by_name(argv, environ, named):
     with pytest.raises(cli.Refused, match=f"does not honor these llama-server options: {named}"):
         cli.parse(argv, environ)
+
+
+def test_refusals_give_each_option_its_reason():
+    with pytest.raises(cli.Refused) as refused:
+        cli.parse(["-ngl", "99", "--models-dir", "/m"], {"LLAMA_ARG_THREADS": "4"})
+    lines = str(refused.value).splitlines()
+    assert lines[1:] == [
+        "  -ngl: MLX keeps the whole model in unified memory: there are no layers to offload",
+        "  --models-dir: several models are a config's `models` list (configs/multi-model.yaml), "
+        "set at deploy time",
+        "  LLAMA_ARG_THREADS: MLX schedules its own compute threads"]
+
+
+@pytest.mark.parametrize("accepted,refused,env,env_refused", [
+    (["-cb", "--cont-batching"], ["-nocb", "--no-cont-batching"], "LLAMA_ARG_CONT_BATCHING", "0"),
+    (["--jinja"], ["--no-jinja"], "LLAMA_ARG_JINJA", "off"),
+    (["--no-context-shift"], ["--context-shift"], "LLAMA_ARG_CONTEXT_SHIFT", "1"),
+    (["--no-webui"], ["--webui"], "LLAMA_ARG_WEBUI", "true"),
+])
+def test_one_way_switches(accepted, refused, env, env_refused):
+    """What mlxray always does (continuous batching, Jinja templates, no context shift, no web
+    UI) may be asked for and changes nothing; the other way is refused, naming the spelling."""
+    for flag in accepted:
+        assert config_of([flag]) == config_of([])
+    for flag in refused:
+        with pytest.raises(cli.Refused, match=f"does not honor {flag}: "):
+            cli.parse([flag], {})
+    with pytest.raises(cli.Refused, match=f"does not honor {env}={env_refused}: "):
+        cli.parse([], {env: env_refused})
+    assert config_of([accepted[0]], {env: env_refused}) == config_of([])  # the flag wins
+
+
+def test_api_keys_from_the_flag_and_the_file(tmp_path):
+    """llama-server gathers --api-key (comma-separated) and --api-key-file (one per line, #
+    comments) into one list; any key of it is accepted."""
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nk3\n\n  k4  \n")
+    assert app_args(config_of(["--api-key", "k1,k2", "--api-key-file", str(keys)]))[
+        "api_key"] == "k1,k2,k3,k4"
+    assert app_args(config_of(["--api-key-file", str(keys)]))["api_key"] == "k3,k4"
+    with pytest.raises(cli.Refused, match="--api-key-file"):
+        config_of(["--api-key-file", str(tmp_path / "missing")])
+
+
+def test_api_prefix_is_the_route_prefix():
+    assert config_of(["--api-prefix", "/llm/"])["applications"][0]["route_prefix"] == "/llm"
+    env = config_of([], {"LLAMA_ARG_API_PREFIX": "/v2"})
+    assert env["applications"][0]["route_prefix"] == "/v2"
+    with pytest.raises(cli.Refused, match="must start with /"):
+        config_of(["--api-prefix", "llm"])
+
+
+def test_several_keys_are_each_accepted():
+    from types import SimpleNamespace
+
+    from deployments.base import IngressBase
+    from deployments.errors import ApiError
+
+    ingress = object.__new__(IngressBase)
+    ingress.args = SimpleNamespace(api_key="k1,k2")
+
+    def request(key: str):
+        return SimpleNamespace(url=SimpleNamespace(path="/completion"), method="POST",
+                               headers={"authorization": f"Bearer {key}"})
+
+    for key in ("k1", "k2"):
+        ingress.check_key(request(key))
+    for key in ("k1,k2", "k3", ""):
+        with pytest.raises(ApiError):
+            ingress.check_key(request(key))
 
 
 def test_bad_values_are_usage_errors(capsys):

@@ -1,6 +1,7 @@
 """The compat manifest bound to the running code: its routes to the ingress's FastAPI app, its
-fields to the request schema and to what the real route answers; ``compat.check`` failing on each
-kind of broken entry; the rendered docs up to date."""
+fields to the request schema and to what the real route answers, its command-line options to the
+``mlxray`` command's parser; ``compat.check`` failing on each kind of broken entry; the rendered
+docs up to date."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ import pytest
 from fastapi.routing import APIRoute
 
 from compat import check, render
-from compat.manifest import MANIFEST, ROOT, canonical_text, entries, load, load_shard
+from compat.manifest import (
+    MANIFEST,
+    ROOT,
+    canonical_text,
+    entries,
+    load,
+    load_pin,
+    load_shard,
+)
+from deployments import cli
 from deployments.schema import FIELDS, SPECULATIVE_KEYS, Field
 
 ENTRIES = entries()
@@ -86,7 +96,7 @@ def with_example(entry: dict, body: dict) -> dict:
 # ---- the manifest itself -----------------------------------------------------------------
 def test_manifest_is_valid():
     assert check.check() == []
-    assert len(ENTRIES) == 127
+    assert len(ENTRIES) == sum(load_pin()["counts"].values()) == 53 + 74 + 72
 
 
 def test_shards_are_canonical():
@@ -216,6 +226,89 @@ def test_sse_ping_after_silence():
     assert asyncio.run(collect(-1, 0.1)) == [b"data: first\n\n", b"data: late\n\n"]
 
 
+# ---- options: the mlxray command's parser -------------------------------------------------
+HONORED = {opt.dest: opt for opt in cli.HONORED}
+
+
+def spellings(entry: dict) -> list[str]:
+    return entry["facts"]["flags"] + entry["facts"].get("negative", [])
+
+
+def option_argv(entry: dict, flag: str) -> list[str]:
+    """The flag as a command line gives it: with the entry's example value when it takes one."""
+    facts = entry["facts"]
+    return [flag, facts.get("example", "x")] if facts.get("value") else [flag]
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
+                                         e["state"] != "not_applicable"))
+def test_claimed_option_is_the_parsers(entry):
+    """An accepted option is one of the parser's, with exactly the reference's spellings and
+    variable; every spelling it honors parses, and so does its variable, to the same value."""
+    opt = HONORED[entry["claim"]]
+    facts = entry["facts"]
+    assert (list(opt.flags), list(opt.negative), opt.env) == (
+        facts["flags"], facts.get("negative", []), facts.get("env"))
+    assert bool(opt.kind) == bool(facts.get("value"))
+    unset = getattr(cli.parse([], {}), opt.dest)
+    honored = [True, False] if opt.only is None else [opt.only]
+    for value in honored:
+        expected = opt.kind(facts["example"]) if opt.kind else value
+        for flag in opt.spellings(value):
+            parsed = getattr(cli.parse(option_argv(entry, flag), {}), opt.dest)
+            assert parsed == expected, flag
+            if opt.only is None:  # an honored value reaches the config, not the default
+                assert parsed != unset, flag
+        if opt.env:
+            raw = facts["example"] if opt.kind else str(int(value))
+            assert getattr(cli.parse([], {opt.env: raw}), opt.dest) == expected
+        if opt.kind:
+            break
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
+                                         e["state"] != "not_applicable"))
+def test_one_way_option_refuses_the_other_way(entry):
+    opt = HONORED[entry["claim"]]
+    if opt.only is None:
+        return
+    for flag in opt.spellings(not opt.only):
+        with pytest.raises(cli.Refused, match=f"does not honor {flag}: {opt.reason}"):
+            cli.parse([flag], {})
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and (
+    "claim" not in e or e["state"] == "not_applicable")))
+def test_refused_option_names_itself(entry):
+    """Nothing is accepted and ignored: each spelling and the variable of an option mlxray does
+    not honor stop the command at start, naming it with its reason: the manifest's diagnostic
+    (not_applicable), the issue that will do it (deferred)."""
+    env = entry["facts"].get("env")
+    given = [(option_argv(entry, flag), {}, flag) for flag in spellings(entry)]
+    given += [([], {env: "1"}, env)] if env else []
+    for argv, environ, name in given:
+        with pytest.raises(cli.Refused) as refused:
+            cli.parse(argv, environ)
+        first, *reasons = str(refused.value).splitlines()
+        assert first.startswith(f"mlxray does not honor these llama-server options: {name} ")
+        reason = reasons[0].removeprefix(f"  {name}: ")
+        if entry["state"] == "not_applicable":
+            assert reason == entry["claim"]
+        if entry["state"] == "deferred":
+            assert reason == f"not supported by mlxray yet (issue #{entry['issue']})"
+
+
+def test_every_option_the_command_knows_has_its_entry():
+    """Both ways: each option the parser honors or refuses is one entry, spelled alike."""
+    options = [e for e in ENTRIES if e["kind"] == "option"]
+    claimed = [e["claim"] for e in options if e.get("claim") in HONORED]
+    assert sorted(claimed) == sorted(HONORED)
+    refused = [(frozenset(spellings(e)), e["facts"].get("env")) for e in options
+               if e.get("claim") not in HONORED]
+    assert sorted(refused, key=str) == sorted(
+        ((frozenset(u.flags), u.env) for u in cli.REFUSED), key=str)
+
+
 # ---- compat.check fails, naming the entry ----------------------------------------------------
 def _edit(folder: Path, entry_id: str, change: Callable[[dict], None]) -> None:
     for shard in load(folder):
@@ -282,6 +375,13 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "count": (lambda f: _edit(f, "field:seed", lambda e: e.update(kind="route")),
               ["pin.json", "73 field entries, expected 74"]),
     "not_canonical": (_reindent, ["models-and-health.json", "not canonical"]),
+    "option_id_not_from_facts": (lambda f: _edit(f, "option:--ctx-size", lambda e: e[
+        "facts"].update(flags=["-c", "--context"])), ["option:--ctx-size",
+                                                     "id must be 'option:--context'"]),
+    "option_not_a_flag": (lambda f: _edit(f, "option:--slots", lambda e: e["facts"].update(
+        negative=["no-slots"])), ["option:--slots", "'no-slots' is not a flag"]),
+    "option_without_flags": (lambda f: _edit(f, "option:--port", lambda e: e["facts"].pop(
+        "flags")), ["option:--port", "facts need 'flags'"]),
 }
 
 

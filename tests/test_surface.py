@@ -248,14 +248,23 @@ class _LoadingReplica:
     ready = _Ready()
 
 
+def ingress_over(replica, ready: bool, args=None):
+    """An ingress of one model on a stand-in replica, without Ray."""
+    from deployments.base import IngressBase, ModelEndpoint
+
+    model = object.__new__(ModelEndpoint)
+    model.replica, model._ready, model.args = replica, ready, args
+    ingress = object.__new__(IngressBase)
+    ingress.models, ingress.by_name, ingress.args = [model], {}, args
+    return ingress
+
+
 @pytest.mark.parametrize("handler", [info.props, info.models, info.slots, info.metrics,
                                      unsupported.not_supported])
 def test_loading_is_503_on_every_route(handler):
-    from deployments.base import IngressBase
     from deployments.errors import ApiError
 
-    ingress = object.__new__(IngressBase)
-    ingress.replica, ingress._ready = _LoadingReplica(), False
+    ingress = ingress_over(_LoadingReplica(), ready=False)
     with pytest.raises(ApiError) as err:
         asyncio.run(handler(ingress, None))
     assert err.value.code == 503
@@ -344,12 +353,9 @@ class _BusyReplica:
 def test_fail_on_no_slot_is_503_when_all_slots_are_busy():
     from types import SimpleNamespace
 
-    from deployments.base import IngressBase
     from deployments.errors import ApiError
 
-    ingress = object.__new__(IngressBase)
-    ingress.replica, ingress._ready = _BusyReplica(), True
-    ingress.args = SimpleNamespace(slots=True, api_key=None)
+    ingress = ingress_over(_BusyReplica(), True, SimpleNamespace(slots=True, api_key=None))
     request = SimpleNamespace(query_params={"fail_on_no_slot": "1"},
                               url=SimpleNamespace(path="/slots"), method="GET", headers={})
     with pytest.raises(ApiError) as err:

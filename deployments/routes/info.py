@@ -1,4 +1,7 @@
-"""Server information routes: /props, /models and /v1/models, /slots, /metrics."""
+"""Server information routes: /props, /models and /v1/models, /slots, /metrics.
+
+/models lists every model of the application; /props, /slots and /metrics answer for one, the
+``model`` query parameter's (POST: the body's ``model``), the first by default."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from ..app import error_response, json_response, read_object
-from ..base import IngressBase
+from ..base import IngressBase, ModelEndpoint
 from ..config import BUILD_INFO
 from ..errors import ApiError, invalid
 from ..shapes import generation_settings
@@ -26,10 +29,11 @@ MEDIA_MARKER = "<__media_" + "".join(
 # ---- props ---------------------------------------------------------------------------------
 async def props(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
-    info = await ingress.model_info()
-    args = ingress.args
+    model = ingress.model_of(None, request)
+    info = await model.model_info()
+    args = model.args
     # a fresh task_params, as the reference builds it: reasoning_format is "none" there
-    defaults = replace(ingress.defaults, reasoning_format="none")
+    defaults = replace(model.defaults, reasoning_format="none")
     return json_response({
         "default_generation_settings": {
             "params": generation_settings(defaults, only_metrics=True),
@@ -46,8 +50,8 @@ async def props(ingress: IngressBase, request: Request) -> Response:
         "endpoint_metrics": args.metrics,
         "ui": False,
         "ui_settings": {},
-        "chat_template": ingress.chat.source,
-        "chat_template_caps": ingress.chat.caps(),
+        "chat_template": model.chat.source,
+        "chat_template_caps": model.chat.caps(),
         "bos_token": info["bos_token"],
         "eos_token": info["eos_token"],
         "build_info": BUILD_INFO,
@@ -56,49 +60,64 @@ async def props(ingress: IngressBase, request: Request) -> Response:
     })
 
 
+PROPS_OFF = ("This server does not support changing global properties. Start it with "
+             "`--props`")
+
+
 async def set_props(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
-    if not ingress.args.props:
-        raise ApiError("This server does not support changing global properties. Start it with "
-                       "`--props`", "not_supported_error")
-    await read_object(request, ingress.args.max_body_bytes)
+    if not any(m.args.props for m in ingress.models):
+        raise ApiError(PROPS_OFF, "not_supported_error")
+    body = await read_object(request, ingress.args.max_body_bytes)
+    if not ingress.model_of(body, request).args.props:
+        raise ApiError(PROPS_OFF, "not_supported_error")
     return json_response({"success": True})  # as the reference: accepted, nothing changes
 
 
 # ---- models --------------------------------------------------------------------------------
 async def models(ingress: IngressBase, request: Request) -> Response:
+    """The single-model body of the reference, with one entry per model in both lists, in the
+    application's order (the default first)."""
     await ingress.guard(request)
-    info = await ingress.model_info()
-    args = ingress.args
-    name = args.model_name
+    infos = [await model.model_info() for model in ingress.models]
+    created = int(time.time())
     return json_response({
-        "models": [{
-            "name": name, "model": name, "modified_at": "", "size": "", "digest": "",
-            "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
-            "parameters": "",
-            "details": {"parent_model": "", "format": "mlx", "family": "", "families": [""],
-                        "parameter_size": "", "quantization_level": ""},
-        }],
+        "models": [_ollama_entry(model.name) for model in ingress.models],
         "object": "list",
-        "data": [{
-            "id": name,
-            "aliases": [args.alias] if args.alias else [],
-            "tags": [],
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "llamacpp",
-            "meta": {
-                "vocab_type": True,  # b10621 writes the vocabulary type as a boolean
-                "n_vocab": info["n_vocab"],
-                "n_ctx": args.n_ctx,
-                "n_ctx_train": info["n_ctx_train"],
-                "n_embd": info["n_embd"],
-                "n_params": info["n_params"],
-                "size": info["size"],
-                "ftype": info["ftype"],
-            },
-        }],
+        "data": [_oai_entry(model, info, created) for model, info in zip(ingress.models, infos)],
     })
+
+
+def _ollama_entry(name: str) -> dict:
+    return {
+        "name": name, "model": name, "modified_at": "", "size": "", "digest": "",
+        "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+        "parameters": "",
+        "details": {"parent_model": "", "format": "mlx", "family": "", "families": [""],
+                    "parameter_size": "", "quantization_level": ""},
+    }
+
+
+def _oai_entry(model: ModelEndpoint, info: dict, created: int) -> dict:
+    args = model.args
+    return {
+        "id": model.name,
+        "aliases": [args.alias] if args.alias else [],
+        "tags": [],
+        "object": "model",
+        "created": created,
+        "owned_by": "llamacpp",
+        "meta": {
+            "vocab_type": True,  # b10621 writes the vocabulary type as a boolean
+            "n_vocab": info["n_vocab"],
+            "n_ctx": args.n_ctx,
+            "n_ctx_train": info["n_ctx_train"],
+            "n_embd": info["n_embd"],
+            "n_params": info["n_params"],
+            "size": info["size"],
+            "ftype": info["ftype"],
+        },
+    }
 
 
 # ---- slots ---------------------------------------------------------------------------------
@@ -128,22 +147,23 @@ def _slot_json(state: dict) -> dict:
 
 async def slots(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
-    if not ingress.args.slots:
+    model = ingress.model_of(None, request)
+    if not model.args.slots:
         raise ApiError("This server does not support slots endpoint. Start it with `--slots`",
                        "not_supported_error")
-    states = await ingress.replica.slot_states.remote()
+    states = await model.replica.slot_states.remote()
     if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in states):
         raise ApiError("no slot available", "unavailable_error")
     return json_response([_slot_json(s) for s in states])
 
 
-def _slot_file(ingress: IngressBase, body: dict) -> tuple[str, str]:
+def _slot_file(model: ModelEndpoint, body: dict) -> tuple[str, str]:
     filename = body.get("filename")
     if not isinstance(filename, str):
         raise invalid("Invalid filename")
     if not valid_filename(filename):
         raise invalid("Invalid filename")
-    folder = Path(ingress.args.slot_save_path).resolve()
+    folder = Path(model.args.slot_save_path).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     path = (folder / filename).resolve()
     if path.parent != folder:  # a link or name that leaves the folder
@@ -160,11 +180,14 @@ def valid_filename(name: str) -> bool:
     return not any(c in name for c in '/\\:*?"<>|') and all(ord(c) >= 32 for c in name)
 
 
+SLOT_ACTIONS_OFF = "This server does not support slots action. Start it with `--slot-save-path`"
+
+
 async def slot_action(ingress: IngressBase, request: Request, id_slot: str) -> Response:
+    """save and restore name their model in the body, erase (no body) in the query."""
     await ingress.guard(request)
-    if not ingress.args.slot_save_path:
-        raise ApiError("This server does not support slots action. Start it with "
-                       "`--slot-save-path`", "not_supported_error")
+    if not any(m.args.slot_save_path for m in ingress.models):
+        raise ApiError(SLOT_ACTIONS_OFF, "not_supported_error")
     try:
         slot_id = int(id_slot)
     except ValueError:
@@ -172,11 +195,12 @@ async def slot_action(ingress: IngressBase, request: Request, id_slot: str) -> R
     action = request.query_params.get("action", "")
     if action not in ("save", "restore", "erase"):
         raise invalid("Invalid action")
-    path, filename = None, ""
-    if action != "erase":
-        path, filename = _slot_file(ingress, await read_object(request,
-                                                                ingress.args.max_body_bytes))
-    answer = await ingress.replica.slot_action.remote(slot_id, action, path, filename)
+    body = None if action == "erase" else await read_object(request, ingress.args.max_body_bytes)
+    model = ingress.model_of(body, request)
+    if not model.args.slot_save_path:
+        raise ApiError(SLOT_ACTIONS_OFF, "not_supported_error")
+    path, filename = (None, "") if body is None else _slot_file(model, body)
+    answer = await model.replica.slot_action.remote(slot_id, action, path, filename)
     if "error" in answer:
         err = answer["error"]
         return error_response(ApiError(err["message"], err["type"], err["code"]))
@@ -248,10 +272,11 @@ class _Snapshot:
 
 async def metrics(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
-    if not ingress.args.metrics:
+    model = ingress.model_of(None, request)
+    if not model.args.metrics:
         raise ApiError("This server does not support metrics endpoint. Start it with "
                        "`--metrics`", "not_supported_error")
-    snapshot = await ingress.replica.metrics.remote()
+    snapshot = await model.replica.metrics.remote()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(metric_values(snapshot)))
     return Response(generate_latest(registry), media_type="text/plain; version=0.0.4",

@@ -16,7 +16,7 @@ from engine.scheduler import check_prompt
 from engine.types import EngineError
 
 from ..app import JSON, from_engine, json_response, read_json, read_object
-from ..base import IngressBase
+from ..base import IngressBase, ModelEndpoint
 from ..errors import ApiError, RequestError, invalid
 from ..schema import CompletionParams, json_type, parse_completion, split_prompts
 from ..shapes import OaiContext
@@ -63,30 +63,31 @@ async def _with_pings(first, chunks, interval: int) -> AsyncIterator[bytes]:
 async def completion(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
-    params, prompts = prepare(ingress, body)
+    model = ingress.model_of(body, request)
+    params, prompts = prepare(model, body)
     if params.stream:
-        return await stream(ingress, params, prompts)
-    status, payload = await ingress.shaper.complete.remote(params, prompts)
+        return await stream(model, params, prompts)
+    status, payload = await model.shaper.complete.remote(params, prompts)
     return Response(payload, status_code=status, media_type=JSON)
 
 
-def prepare(ingress: IngressBase, body: Any) -> tuple[CompletionParams, list[list[int]]]:
+def prepare(model: ModelEndpoint, body: Any) -> tuple[CompletionParams, list[list[int]]]:
     """The reference's order: prompt present, tokenized, fields evaluated, then slot checks."""
     if not isinstance(body, dict):
         raise invalid(f"[json.exception.type_error.304] cannot use at() with {json_type(body)}")
     try:
-        prompts = [ingress.vocab.tokenize_prompt(p) for p in split_prompts(body)]
-        params = parse_completion(body, ingress.parse_context, ingress.defaults)
+        prompts = [model.vocab.tokenize_prompt(p) for p in split_prompts(body)]
+        params = parse_completion(body, model.parse_context, model.defaults)
         for tokens in prompts:
-            check_prompt(tokens, ingress.vocab.n_vocab, ingress.args.n_ctx)
+            check_prompt(tokens, model.vocab.n_vocab, model.args.n_ctx)
     except EngineError as exc:
         raise from_engine(exc) from None
     return params, prompts
 
 
-async def stream(ingress: IngressBase, params: CompletionParams,
+async def stream(model: ModelEndpoint, params: CompletionParams,
                  prompts: list[list[int]], oai: OaiContext | None = None) -> Response:
-    chunks = ingress.shaper.options(stream=True).stream.remote(params, prompts, oai)
+    chunks = model.shaper.options(stream=True).stream.remote(params, prompts, oai)
     try:
         first = await anext(chunks, None)
     except BaseException:  # the client left (or the shaper failed) before the first frame
@@ -118,10 +119,11 @@ async def complete_handle(ingress: IngressBase, body: Any) -> Any:
     n_cmpl > 1), validated as POST /completion validates it; errors raise RequestError."""
     try:
         await ingress.check_ready()
-        params, prompts = prepare(ingress, _handle_body(body, stream=False))
+        model = ingress.model_of(body)
+        params, prompts = prepare(model, _handle_body(body, stream=False))
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
-    status, result = await ingress.shaper.result.remote(params, prompts)
+    status, result = await model.shaper.result.remote(params, prompts)
     if status != 200:
         raise RequestError(status, result)
     return result
@@ -132,10 +134,11 @@ async def stream_handle(ingress: IngressBase, body: Any) -> AsyncIterator[dict]:
     error (before or after the first frame) raises RequestError."""
     try:
         await ingress.check_ready()
-        params, prompts = prepare(ingress, _handle_body(body, stream=True))
+        model = ingress.model_of(body)
+        params, prompts = prepare(model, _handle_body(body, stream=True))
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
-    async for batch in ingress.shaper.options(stream=True).frames.remote(params, prompts):
+    async for batch in model.shaper.options(stream=True).frames.remote(params, prompts):
         for frame in batch:
             error = frame.get("error")
             if error is not None:
@@ -146,6 +149,7 @@ async def stream_handle(ingress: IngressBase, body: Any) -> AsyncIterator[dict]:
 async def tokenize(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
+    vocab = ingress.model_of(body, request).vocab
     content = body.get("content")
     add_special = _flag(body, "add_special", False)
     parse_special = _flag(body, "parse_special", True)
@@ -154,9 +158,9 @@ async def tokenize(ingress: IngressBase, request: Request) -> Response:
         return json_response({"tokens": []})
     try:
         if isinstance(content, str):
-            tokens = ingress.vocab.tokenize(content, add_special, parse_special)
+            tokens = vocab.tokenize(content, add_special, parse_special)
         elif isinstance(content, list):
-            tokens = ingress.vocab.tokenize_mixed(content, add_special, parse_special)
+            tokens = vocab.tokenize_mixed(content, add_special, parse_special)
         else:
             raise invalid("\"content\" must be a string or an array of strings and tokens")
     except EngineError as exc:
@@ -165,7 +169,7 @@ async def tokenize(ingress: IngressBase, request: Request) -> Response:
         return json_response({"tokens": tokens})
     out = []
     for t in tokens:
-        piece = ingress.vocab.piece(t, special=True)
+        piece = vocab.piece(t, special=True)
         try:
             shown: Any = piece.decode("utf-8")
         except UnicodeDecodeError:
@@ -177,6 +181,7 @@ async def tokenize(ingress: IngressBase, request: Request) -> Response:
 async def detokenize(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
+    vocab = ingress.model_of(body, request).vocab
     tokens = body.get("tokens", [])
     if tokens is None:
         tokens = []
@@ -184,13 +189,18 @@ async def detokenize(ingress: IngressBase, request: Request) -> Response:
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
     ):
         raise invalid("\"tokens\" must be an array of integers")
-    return json_response({"content": ingress.vocab.detokenize(tokens, special=True)})
+    return json_response({"content": vocab.detokenize(tokens, special=True)})
 
 # ---- health --------------------------------------------------------------------------------
+async def _all_ready(ingress: IngressBase) -> bool:
+    return all([await model.replica.ready.remote() for model in ingress.models])
+
+
 async def health(ingress: IngressBase, request: Request) -> Response:
-    """Asks a replica every time (a restarted one is loading again); 503 while none answers."""
+    """Asks every model's replicas every time (a restarted one is loading again); 503 until
+    each model has one that answers."""
     try:
-        ready = await asyncio.wait_for(ingress.replica.ready.remote(), HEALTH_TIMEOUT_S)
+        ready = await asyncio.wait_for(_all_ready(ingress), HEALTH_TIMEOUT_S)
     except (asyncio.TimeoutError, RayError):
         ready = False
     if not ready:

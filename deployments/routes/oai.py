@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..app import JSON, json_response, read_json, read_object
-from ..base import IngressBase
+from ..base import IngressBase, ModelEndpoint
 from ..config import BUILD_INFO
 from ..errors import invalid
 from ..oai import chat_body, chat_prompt, completion_body, completion_id
@@ -19,18 +19,18 @@ from ..shapes import OaiContext
 from . import native
 
 
-def _context(ingress: IngressBase, kind: str, params: CompletionParams) -> OaiContext:
+def _context(model: ModelEndpoint, kind: str, params: CompletionParams) -> OaiContext:
     return OaiContext(object=kind, id=completion_id(), created=int(time.time()),
-                      model=ingress.args.model_name, system_fingerprint=BUILD_INFO,
+                      model=model.name, system_fingerprint=BUILD_INFO,
                       include_usage=params.include_usage, verbose=params.verbose)
 
 
-async def _answer(ingress: IngressBase, native_body: dict, kind: str) -> Response:
-    params, prompts = native.prepare(ingress, native_body)
-    oai = _context(ingress, kind, params)
+async def _answer(model: ModelEndpoint, native_body: dict, kind: str) -> Response:
+    params, prompts = native.prepare(model, native_body)
+    oai = _context(model, kind, params)
     if params.stream:
-        return await native.stream(ingress, params, prompts, oai)
-    status, payload = await ingress.shaper.complete.remote(params, prompts, oai)
+        return await native.stream(model, params, prompts, oai)
+    status, payload = await model.shaper.complete.remote(params, prompts, oai)
     return Response(payload, status_code=status, media_type=JSON)
 
 
@@ -43,24 +43,28 @@ def _object(body) -> dict:
 async def completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
-    return await _answer(ingress, completion_body(body), "text_completion")
+    model = ingress.model_of(body, request)
+    return await _answer(model, completion_body(body), "text_completion")
 
 
 async def chat_completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
-    return await _answer(ingress, chat_body(body, ingress.chat.render), "chat.completion")
+    model = ingress.model_of(body, request)
+    return await _answer(model, chat_body(body, model.chat.render), "chat.completion")
 
 
 async def apply_template(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
-    return json_response({"prompt": chat_body(body, ingress.chat.render)["prompt"]})
+    model = ingress.model_of(body, request)
+    return json_response({"prompt": chat_body(body, model.chat.render)["prompt"]})
 
 
 async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
     """The prompt tokens a chat request would use, without running it."""
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
-    prompt = chat_prompt(body, ingress.chat.render)
-    return json_response({"input_tokens": len(ingress.vocab.tokenize_prompt(prompt))})
+    model = ingress.model_of(body, request)
+    prompt = chat_prompt(body, model.chat.render)
+    return json_response({"input_tokens": len(model.vocab.tokenize_prompt(prompt))})
