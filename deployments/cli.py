@@ -3,7 +3,9 @@
 ``mlxray -m models/tiny-python --port 8080 -np 2 --api-key k`` builds the Ray Serve config that
 ``serve run`` would take (``--dump-config`` prints it as YAML) and runs it. llama-server's flags
 and ``LLAMA_ARG_*`` environment variables keep their meaning; a flag mlxray does not honor is
-refused with a message naming it, never silently dropped. A flag overrides its variable.
+refused with a message naming it and saying why, never silently dropped (a switch it honors one
+way only, such as ``-cb``, is refused the other way). A flag overrides its variable. The compat
+manifest's ``option`` entries classify each (docs/llama-server-compat.md).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ HONORED: tuple[Option, ...] = (
            negative=("--no-webui",), only=False,
            reason="mlxray serves the API only: no web UI, no static files"),
 )
+
 
 @dataclass(frozen=True)
 class Unhonored:
