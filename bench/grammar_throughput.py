@@ -3,7 +3,8 @@
     python bench/grammar_throughput.py [N_PREDICT] [REPEATS]
 
 Engine level (no HTTP): every configuration runs REPEATS times round-robin, so drift in the
-machine's load hits each alike, and the best run is reported (docs/grammar.md).
+machine's load hits each alike, and the best run is reported (docs/grammar.md). The lazy_*
+configurations wait for a trigger that never fires: their cost before a trigger.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from engine import aio
 from engine.grammar import json_schema_grammar
 from engine.model import load_model
 from engine.scheduler import Engine, EngineConfig
-from engine.types import FinalEvent, GenerationRequest, SamplingParams
+from engine.types import (
+    TRIGGER_PATTERN_FULL,
+    TRIGGER_WORD,
+    FinalEvent,
+    GenerationRequest,
+    GrammarTrigger,
+    SamplingParams,
+)
 
 PROMPTS = ["def main():\n", "import os\n", "class Foo:\n    def __init__(self",
            "    for i in range(", "x = 1\n", "def f(a, b):\n", "# comment\n", "for k in d:\n"]
@@ -28,14 +36,22 @@ GRAMMARS = {
                                        "minItems": 200, "maxItems": 200}),
 }
 
+LAZY_WAITING = {
+    "words": [GrammarTrigger(TRIGGER_WORD, "<tool_call>"), GrammarTrigger(TRIGGER_WORD, "@@@")],
+    "pattern_full": [GrammarTrigger(TRIGGER_PATTERN_FULL, r"[\s\S]*?(<tool_call>)[\s\S]*")],
+}
+
 
 def run(engine: Engine, prompts: list[list[int]], grammar: str, n_constrained: int,
-        n_predict: int) -> float:
+        n_predict: int, triggers: list[GrammarTrigger] | None = None) -> float:
+    """Decode tokens/s; with ``triggers`` the constrained sequences are lazy."""
     no_eos = [(t, None) for t in engine.vocab.eog_ids]  # every sequence runs n_predict tokens
     requests = [GenerationRequest(tokens, SamplingParams(temperature=1.0, seed=i,
                                                          logit_bias=no_eos),
                                   n_predict=n_predict, cache_prompt=False, index=i,
-                                  grammar=grammar if i < n_constrained else "")
+                                  grammar=grammar if i < n_constrained else "",
+                                  grammar_lazy=triggers is not None,
+                                  grammar_triggers=triggers or [])
                 for i, tokens in enumerate(prompts)]
 
     async def collect() -> list[FinalEvent]:
@@ -74,15 +90,18 @@ def main() -> None:
                     EngineConfig(n_parallel=8, n_ctx=1024, n_batch=64))
     engine.start()
     prompts = [engine.vocab.tokenize(p, add_special=True) for p in PROMPTS]
-    configs = {"none": ("", 0)}
-    configs.update({f"{name}_half": (g, 4) for name, g in GRAMMARS.items()})
-    configs.update({f"{name}_all": (g, 8) for name, g in GRAMMARS.items()})
-    for grammar, n in configs.values():  # warm up and compile
-        run(engine, prompts, grammar, n, 8)
+    configs = {"none": ("", 0, None)}
+    configs.update({f"{name}_half": (g, 4, None) for name, g in GRAMMARS.items()})
+    configs.update({f"{name}_all": (g, 8, None) for name, g in GRAMMARS.items()})
+    # lazy grammars waiting for a trigger that never comes: the scanner's cost alone
+    configs.update({f"lazy_{name}_all": (GRAMMARS["gbnf_chars"], 8, triggers)
+                    for name, triggers in LAZY_WAITING.items()})
+    for grammar, n, triggers in configs.values():  # warm up and compile
+        run(engine, prompts, grammar, n, 8, triggers)
     rates: dict[str, list[float]] = {label: [] for label in configs}
     for _ in range(repeats):
-        for label, (grammar, n) in configs.items():
-            rates[label].append(run(engine, prompts, grammar, n, n_predict))
+        for label, (grammar, n, triggers) in configs.items():
+            rates[label].append(run(engine, prompts, grammar, n, n_predict, triggers))
     base = max(rates["none"])
     print(json.dumps({label: {"tok_per_s": round(max(r), 1), "ratio": round(max(r) / base, 3)}
                       for label, r in rates.items()}, indent=1))

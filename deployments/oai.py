@@ -39,6 +39,9 @@ def chat_body(body: dict, render) -> dict:
     add_generation_prompt, extra)`` applies the template."""
     native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
     native["prompt"] = chat_prompt(body, render)
+    # the reference sets these from the template's tool-call grammar (none, Content-only),
+    # over whatever the client sent: a grammar sent here is never lazy
+    native.update(grammar_lazy=False, grammar_triggers=[], preserved_tokens=[])
     if body.get("logprobs") is True:
         top = body.get("top_logprobs")
         native["n_probs"] = 20 if top is None else top

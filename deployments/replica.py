@@ -23,6 +23,7 @@ from engine.types import (
     EngineError,
     EngineEvent,
     GenerationRequest,
+    GrammarTrigger,
     ReasoningBudget,
     SamplingParams,
 )
@@ -48,6 +49,10 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 stop=list(params.stop),
                 grammar=params.grammar,
                 reasoning_budget=_reasoning_budget(params),
+                grammar_lazy=params.grammar_lazy,
+                grammar_triggers=[GrammarTrigger(t["type"], t["value"], t.get("token", -1))
+                                  for t in params.grammar_triggers],
+                preserved_tokens=list(params.preserved_tokens),
                 ignore_eos=params.ignore_eos,
                 cache_prompt=params.cache_prompt,
                 n_indent=params.n_indent,

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from engine.grammar import GrammarError, json_schema_grammar
-from engine.types import DEFAULT_SAMPLERS, RANDOM_SEED
+from engine.types import (
+    DEFAULT_SAMPLERS,
+    RANDOM_SEED,
+    TRIGGER_PATTERN,
+    TRIGGER_PATTERN_FULL,
+    TRIGGER_TOKEN,
+    TRIGGER_WORD,
+)
 
 from .errors import invalid
 
@@ -226,12 +233,15 @@ class CompletionParams:
 
 @dataclass
 class ParseContext:
-    """What field parsers need from the server: slot count, tokenizer for string logit biases."""
+    """What field parsers need from the server: slot count, tokenizer (special tokens parsed);
+    and, while one request is parsed, that request as far as it got (a field may depend on an
+    earlier one)."""
 
     n_parallel: int = 4
     tokenize: Callable[[str], list[int]] | None = None
     n_vocab: int = 0
     eog_ids: tuple[int, ...] = ()
+    request: CompletionParams | None = None
 
 
 def _parse_response_fields(value: Any, ctx: ParseContext) -> list[str]:
@@ -356,25 +366,54 @@ def _parse_lenient_str(value: Any, ctx: ParseContext) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _parse_grammar_triggers(value: Any, ctx: ParseContext) -> list[dict]:
-    if not isinstance(value, list):
-        raise type_error("array", value)
-    return [v for v in value if isinstance(v, dict)]
+def _json_at(value: Any, key: str) -> Any:
+    """nlohmann's ``at(key)``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"[json.exception.type_error.304] cannot use at() with {json_type(value)}")
+    if key not in value:
+        raise ValueError(f"[json.exception.out_of_range.403] key '{key}' not found")
+    return value[key]
+
+
+def _single_token(text: str, ctx: ParseContext) -> int | None:
+    """The id ``text`` tokenizes to (special tokens parsed), when it is exactly one token."""
+    ids = _tokens(text, ctx)
+    return ids[0] if len(ids) == 1 else None
 
 
 def _parse_preserved(value: Any, ctx: ParseContext) -> list[int]:
-    if not isinstance(value, list):
-        raise type_error("array", value)
-    return [v for v in value if isinstance(v, int)]
+    """Strings that are one token each (others are dropped); the ids, ascending (a std::set)."""
+    ids = {_single_token(to_str(item), ctx) for item in _json_items(value)}
+    return sorted(i for i in ids if i is not None)
+
+
+def _parse_grammar_triggers(value: Any, ctx: ParseContext) -> list[dict]:
+    """``{"type", "value"[, "token"]}`` objects, as echoed. A word that is one token becomes a
+    token trigger and must then be a preserved token; a lazy grammar needs one trigger at least."""
+    preserved = ctx.request.preserved_tokens if ctx.request is not None else []
+    triggers = []
+    for item in _json_items(value):
+        kind = to_int(_json_at(item, "type"))
+        text = to_str(_json_at(item, "value"))
+        if kind == TRIGGER_TOKEN:
+            triggers.append({"type": kind, "value": text, "token": to_int(_json_at(item, "token"))})
+        elif kind == TRIGGER_WORD and (token := _single_token(text, ctx)) is not None:
+            if token not in preserved:
+                raise ValueError(
+                    f"Grammar trigger word should be marked as preserved token: {text}")
+            triggers.append({"type": TRIGGER_TOKEN, "value": text, "token": token})
+        elif kind in (TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL):
+            triggers.append({"type": kind, "value": text})
+        else:  # the reference asserts (aborts) on it when it builds the sampler
+            raise ValueError("Unknown grammar trigger type")
+    if ctx.request is not None and ctx.request.grammar_lazy and not triggers:
+        raise ValueError("Error: no triggers set for lazy grammar!")
+    return triggers
 
 
 def _parse_grammar(value: Any, ctx: ParseContext) -> str:
     return value if isinstance(value, str) else ""
 
-
-# llguidance has no lazy (trigger-activated) grammars; llama.cpp implements them in its own GBNF
-# engine only (its LLGuidance path has none either). See docs/grammar.md.
-LAZY_GRAMMAR = "lazy grammars are not available with the llguidance engine, see docs/grammar.md"
 
 FIELDS: tuple[Field, ...] = (
     Field("verbose", "bool", policy="inert"),
@@ -427,18 +466,17 @@ FIELDS: tuple[Field, ...] = (
     Field("lora", "custom", parse=_parse_lora, policy="inert"),
     Field("dry_sequence_breakers", "custom", parse=_parse_breakers),
     Field("json_schema", "custom", aliases=("grammar",), parse=_parse_any),
-    Field("grammar_lazy", "bool", policy="refused", reason=LAZY_GRAMMAR),
+    Field("grammar_lazy", "bool"),
     Field("chat_format", "int32", policy="inert"),
     Field("reasoning_format", "custom", parse=_parse_reasoning_format, policy="inert"),
     Field("generation_prompt", "str"),  # echoed; the reasoning budget's prefill
     Field("parse_tool_calls", "bool", policy="inert"),
     Field("chat_parser", "custom", parse=_parse_any, policy="inert"),
     Field("continue_final_message", "bool", policy="inert"),
-    Field("grammar_triggers", "custom", parse=_parse_grammar_triggers, policy="refused",
-          reason=LAZY_GRAMMAR),
-    Field("preserved_tokens", "custom", parse=_parse_preserved, policy="refused",
-          reason=LAZY_GRAMMAR),
     Field("echo", "bool", policy="inert"),
+    # preserved_tokens first: a trigger word that is one token must be one of them
+    Field("preserved_tokens", "custom", parse=_parse_preserved),
+    Field("grammar_triggers", "custom", parse=_parse_grammar_triggers),
     Field("reasoning_control", "custom", parse=_parse_any, policy="inert"),
     # the reasoning-budget sampler's (engine/sampling.py): tags tokenized with special tokens
     Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX)),
@@ -501,6 +539,7 @@ def parse_completion(body: dict, ctx: ParseContext, defaults: CompletionParams) 
     params = CompletionParams(**{f.name: _copy(getattr(defaults, f.name))
                                  for f in fields(CompletionParams)})
     params.sent = set()
+    ctx = replace(ctx, request=params)
     for spec in FIELDS:
         source = body
         if spec.parent:
@@ -526,8 +565,6 @@ def _post_process(params: CompletionParams, body: dict, ctx: ParseContext,
     if params.dry_base < 1.0:
         params.dry_base = defaults.dry_base
     _resolve_grammar(params, body)
-    if params.grammar_lazy and not params.grammar_triggers and "grammar_lazy" in params.sent:
-        raise invalid("Field 'grammar_triggers': Error: no triggers set for lazy grammar!")
     if params.ignore_eos:
         params.logit_bias = params.logit_bias + [(t, None) for t in ctx.eog_ids]
     if "reasoning_budget_message" in params.sent and params.reasoning_budget_end:

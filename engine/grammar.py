@@ -5,7 +5,8 @@ llama.cpp built with LLGuidance accepts). Compiling is paid once per distinct gr
 ``GrammarCache`` keeps a template matcher per grammar and every sequence gets a cheap deep copy.
 The ``GrammarProcessor`` is an mlx-lm logits processor: at each decode step it consumes the token
 sampled at the previous step, then masks every token the grammar does not allow next (EOS only
-when the grammar accepts).
+when the grammar accepts). A lazy grammar (``grammar_lazy``) leaves the logits alone until its
+trigger scanner (``engine/triggers.py``) fires, then starts from the text of the trigger on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import llguidance
@@ -20,6 +22,8 @@ import llguidance.hf
 import mlx.core as mx
 import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from .triggers import TriggerScanner
 
 LARK_PREFIX = "%llguidance"
 NEG_INF = float("-inf")
@@ -118,37 +122,61 @@ class GrammarCache:
                 self._templates.popitem(last=False)
             return matcher
 
-    def processor(self, grammar: str) -> GrammarProcessor:
-        return GrammarProcessor(self.template(grammar).deep_copy(), self.n_vocab, self.eos_ids)
+    def processor(self, grammar: str, waiting: TriggerScanner | None = None) -> GrammarProcessor:
+        """A fresh matcher for one sequence; lazy (free until a trigger fires) with ``waiting``."""
+        return GrammarProcessor(self.template(grammar).deep_copy(), self.n_vocab, self.eos_ids,
+                                waiting, self._lltokenizer().tokenize_bytes)
 
 
 class GrammarProcessor:
     """mlx-lm logits processor for one sequence. mlx-lm calls it once per decode step with the
     context whose last token is the one sampled at the previous step (a prompt token the first
-    time), so it consumes that token before computing the next mask."""
+    time), so it consumes that token before computing the next mask. A lazy one hands the
+    tokens to its trigger scanner instead and leaves the logits alone until a trigger fires."""
 
-    __slots__ = ("matcher", "n_vocab", "eos_ids", "started", "_bits")
+    __slots__ = ("matcher", "n_vocab", "eos_ids", "started", "waiting", "tokenize_bytes",
+                 "_bits")
 
-    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, eos_ids: list[int]):
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, eos_ids: list[int],
+                 waiting: TriggerScanner | None = None,
+                 tokenize_bytes: Callable[[bytes], list[int]] | None = None):
         self.matcher = matcher
         self.n_vocab = n_vocab
         self.eos_ids = eos_ids
         self.started = False
+        self.waiting = waiting
+        self.tokenize_bytes = tokenize_bytes
         self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
 
     @property
     def error(self) -> str:
-        return self.matcher.get_error() if self.matcher.is_error() else ""
+        """llguidance's reason, its first line (the rest is a parser state dump)."""
+        return self.matcher.get_error().split("\n", 1)[0] if self.matcher.is_error() else ""
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.started:
-            self.matcher.consume_token(int(tokens[-1].item()))
+            self.consume(int(tokens[-1].item()))
         self.started = True
+        if self.waiting is not None:
+            return logits
         allowed = self.allowed()
         width = logits.shape[-1]
         if width > self.n_vocab:  # the model's padded rows are never allowed
             allowed = np.concatenate([allowed, np.zeros(width - self.n_vocab, dtype=bool)])
         return mx.where(mx.array(allowed[:width]), logits, NEG_INF)
+
+    def consume(self, token: int) -> None:
+        """One generated token: to the matcher, or to the scanner while it waits (the text from
+        the trigger on goes to the matcher when one fires)."""
+        if self.waiting is None:
+            self.matcher.consume_token(token)
+            return
+        fired = self.waiting.feed(token)
+        if fired is None:
+            return
+        self.waiting = None
+        head = self.tokenize_bytes(fired.head) if fired.head and self.tokenize_bytes else []
+        self.matcher.consume_tokens(head + fired.tokens)  # stops with an error at a misfit
 
     def allowed(self) -> np.ndarray:
         """A bool per vocabulary id; after an error only EOS, so the sequence ends at once."""

@@ -41,6 +41,7 @@ from .sampling import (
     resolve_seed,
 )
 from .text import TextState, first_invalid_utf8
+from .triggers import TriggerScanner, check_trigger_patterns
 from .types import (
     BAD_OUTPUT_MESSAGE,
     EngineError,
@@ -194,6 +195,8 @@ class Engine:
                 log.exception("grammar engine failed")
                 raise EngineError(f"Failed to initialize samplers: {exc}", 500,
                                   "server_error") from None
+            if req.grammar_lazy:
+                check_trigger_patterns(req.grammar_triggers)
 
     def submit(self, requests: list[GenerationRequest], sink: Sink) -> int:
         """Queue the sequences of one client request; returns the group id for ``cancel``."""
@@ -488,7 +491,9 @@ class Engine:
         elif sampling.n_probs > 0:
             processors.insert(0, recorder(task.recorded.append))
         if task.req.grammar:
-            task.grammar = self.grammars.processor(task.req.grammar)
+            waiting = TriggerScanner(task.req.grammar_triggers, self._trigger_piece) if (
+                task.req.grammar_lazy) else None
+            task.grammar = self.grammars.processor(task.req.grammar, waiting)
             processors.append(task.grammar)
         sampler = make_sampler(sampling, task.seed, self.vocab.n_vocab, record)
         only_bias = sampling.logit_bias and len(processors) == 1 and sampling.n_probs == 0
@@ -504,6 +509,10 @@ class Engine:
         prefill = prefill_tokens(rb.generation_prompt, lambda text: vocab.tokenize(text, False),
                                  vocab.special_pieces)
         return reasoning_budget_processor(budget_state(rb, vocab.pieces, prefill))
+
+    def _trigger_piece(self, token: int) -> bytes:
+        """What a lazy grammar's trigger scanner sees of a token: special tokens as text."""
+        return self.vocab.piece(token, special=True)
 
     def _progress(self, task: Task, processed: int) -> ProgressEvent:
         now = time.perf_counter()
@@ -576,7 +585,9 @@ class Engine:
         task.tokens.append(token)
         is_eog = token in self.vocab.eog_ids
         had_new_line = task.text.has_new_line
-        complete, sent = task.text.add(self.vocab.piece(token), is_eog)
+        # preserved tokens (special ones a tool-call grammar names) are rendered as text
+        piece = self.vocab.piece(token, special=token in req.preserved_tokens)
+        complete, sent = task.text.add(piece, is_eog)
         if task.text.stopping_word is not None:
             task.stop_type = "word"
         if complete:

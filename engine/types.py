@@ -59,6 +59,20 @@ class SamplingParams:
     post_sampling_probs: bool = False
 
 
+# llama.cpp's common_grammar_trigger_type, the ``type`` of a grammar_triggers entry
+TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarTrigger:
+    """What starts a lazy grammar: a sampled token id, a word in the generated text, or a regex
+    over it (searched anywhere, or matching all of it for ``TRIGGER_PATTERN_FULL``)."""
+
+    type: int
+    value: str
+    token: int = -1  # TRIGGER_TOKEN only
+
+
 @dataclass(slots=True)
 class ReasoningBudget:
     """llama.cpp's reasoning-budget sampler for one sequence, tokenized: once ``start`` has been
@@ -82,6 +96,9 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     grammar: str = ""  # GBNF, or Lark after "%llguidance"; "" for none
     reasoning_budget: ReasoningBudget | None = None
+    grammar_lazy: bool = False  # the grammar waits for one of grammar_triggers
+    grammar_triggers: list[GrammarTrigger] = field(default_factory=list)
+    preserved_tokens: list[int] = field(default_factory=list)  # special tokens rendered as text
     ignore_eos: bool = False
     cache_prompt: bool = True
     n_indent: int = 0

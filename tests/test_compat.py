@@ -35,8 +35,6 @@ BY_ID = {e["id"]: e for e in ENTRIES}
 THIS = "tests/test_compat.py::"
 GREEDY = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0, "cache_prompt": False,
           "return_tokens": True}
-# fields refused only together with another one (a lazy grammar needs triggers to get that far)
-COMPANIONS = {"grammar_lazy": {"grammar_triggers": [{"type": 1, "value": "x"}]}}
 # a concrete request path for each templated reference path
 CONCRETE = {"${api-prefix}/": "/", "${AIP_HEALTH_ROUTE}": "/aip/health",
             "${AIP_PREDICT_ROUTE:-/predict}": "/predict", "/slots/:id_slot": "/slots/0"}
@@ -87,7 +85,6 @@ def fastapi_path(path: str) -> str:
 def with_example(entry: dict, body: dict) -> dict:
     facts = entry["facts"]
     assert "example" in facts, f"{entry['id']} needs facts.example (a non-default value)"
-    body = {**body, **COMPANIONS.get(facts["name"], {})}
     if facts.get("parent"):
         return {**body, facts["parent"]: {facts["name"]: facts["example"]}}
     return {**body, facts["name"]: facts["example"]}

@@ -103,13 +103,17 @@ TABLE: dict[str, Case] = {
     "ignore_eos": case("honored", {"ignore_eos": True}, {"logit_bias": [[EOS, 30.0]]}),
     "stop": case("honored", {}, proof="capture:stop_newline"),
     "samplers": case("honored", {"samplers": ["top_k", "min_p"]}),
-    # grammar: honored (tests/test_grammar.py); lazy grammars refused (docs/grammar.md)
+    # grammar: honored (tests/test_grammar.py, tests/test_lazy_grammar.py)
     "json_schema": case("honored", {},
                         proof="test:test_grammar.test_json_schema_validates_for_20_seeds"),
-    "grammar_lazy": case("refused", {"grammar_lazy": True,
-                                     "grammar_triggers": [{"type": 0, "value": "x"}]}),
-    "grammar_triggers": case("refused", {"grammar_triggers": [{"type": 0, "value": "x"}]}),
-    "preserved_tokens": case("refused", {"preserved_tokens": [5]}),
+    "grammar_lazy": case(
+        "honored", {},
+        proof="test:test_lazy_grammar.test_trigger_switches_the_grammar_on_exactly_there"),
+    "grammar_triggers": case(
+        "honored", {},
+        proof="test:test_lazy_grammar.test_trigger_switches_the_grammar_on_exactly_there"),
+    "preserved_tokens": case(
+        "honored", {}, proof="test:test_lazy_grammar.test_preserved_token_is_rendered_as_text"),
     # chat templates and reasoning: inert on the native route but for the reasoning budget
     "chat_format": case("inert", {"chat_format": 1}),
     "reasoning_format": case("inert", {"reasoning_format": "none"}),

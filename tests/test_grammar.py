@@ -9,7 +9,6 @@ import json
 import httpx
 import pytest
 
-from deployments.errors import ApiError
 from deployments.schema import CompletionParams, ParseContext, parse_completion
 from engine import aio
 from engine.types import ErrorEvent, FinalEvent, GenerationRequest, SamplingParams, TokenEvent
@@ -119,12 +118,6 @@ def test_schema_resolution_rules():
     assert parse_completion({"json_schema": SCHEMA, "grammar": YES_NO}, ctx,
                             defaults).grammar == YES_NO
     assert "%json" in parse_completion({"json_schema": SCHEMA}, ctx, defaults).grammar
-    with pytest.raises(ApiError, match="no triggers set for lazy grammar"):
-        parse_completion({"grammar": YES_NO, "grammar_lazy": True}, ctx, defaults)
-    lazy = {"grammar": YES_NO, "grammar_lazy": True, "grammar_triggers": [{"type": 1,
-                                                                          "value": "y"}]}
-    with pytest.raises(ApiError, match=r"^Field 'grammar_lazy': not supported by mlxray \(lazy"):
-        parse_completion(lazy, ctx, defaults)
 
 
 # ---- the OpenAI chat route: response_format becomes the native json_schema ----------------
