@@ -34,7 +34,8 @@ class ModelEndpoint:
         self.vocab = vocab
         self.defaults = CompletionParams(
             temperature=f32(args.temperature), seed=args.seed, n_predict=args.n_predict,
-            cache_prompt=args.cache_prompt,
+            cache_prompt=args.cache_prompt, reasoning_format=args.reasoning_format,
+            reasoning_budget_tokens=args.reasoning_budget_tokens,
         )
         self.parse_context = ParseContext(
             n_parallel=args.n_parallel,

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from .config import GraphArgs
+from .schema import REASONING_FORMATS
 
 SEED_RANDOM = 0xFFFFFFFF
 APP_NAME = "mlxray"
@@ -44,9 +45,19 @@ class Option:
     # naming the spelling given, with this reason)
     only: bool | None = None
     reason: str = ""
+    # the reference's refusal of a value it parses (its message), None for a value it takes
+    check: Callable[[Any], str | None] | None = None
 
     def spellings(self, value: bool) -> tuple[str, ...]:
         return self.flags if value else self.negative
+
+
+def _reasoning_format(name: str) -> str | None:
+    return None if name in REASONING_FORMATS else f"Unknown reasoning format: {name}"
+
+
+def _reasoning_budget(tokens: int) -> str | None:
+    return None if tokens >= -1 else "invalid value"
 
 
 def _bool_env(value: str) -> bool:
@@ -84,6 +95,12 @@ HONORED: tuple[Option, ...] = (
     Option(("--pooling",), "pooling", "LLAMA_ARG_POOLING", help="embedding pooling"),
     Option(("--slot-save-path",), "slot_save_path", None,
            help="folder for slot save/restore"),
+    Option(("--reasoning-format",), "reasoning_format", "LLAMA_ARG_THINK",
+           help="default reasoning_format of a request: none, auto, deepseek (the default), "
+                "deepseek-legacy", check=_reasoning_format),
+    Option(("--reasoning-budget",), "reasoning_budget", "LLAMA_ARG_THINK_BUDGET", int,
+           "default reasoning_budget_tokens of a request: -1 unrestricted (default), 0 end at "
+           "once, N tokens", check=_reasoning_budget),
     Option(("--api-prefix",), "api_prefix", "LLAMA_ARG_API_PREFIX",
            help="path prefix of every route (e.g. /llm)"),
     Option(("-cb", "--cont-batching"), "cont_batching", "LLAMA_ARG_CONT_BATCHING", None,
@@ -176,8 +193,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--slot-prompt-similarity", "-sps"), None,
               "every slot shares the prefix cache: a request reuses the longest cached prefix "
               "whatever slot it gets"),
-    Unhonored(("--reasoning-format",), "LLAMA_ARG_THINK", LATER.format(3)),
-    Unhonored(("--reasoning-budget",), "LLAMA_ARG_THINK_BUDGET", LATER.format(3)),
     Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
     Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
     Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
@@ -261,11 +276,25 @@ def parse(argv: Sequence[str], environ: dict[str, str]) -> argparse.Namespace:
         raise Refused(refusal(names))
     ns = parser().parse_args(list(argv))
     for opt in HONORED:
-        if getattr(ns, opt.dest) is None:
+        from_flag = getattr(ns, opt.dest) is not None
+        if not from_flag:
             value = _from_env(opt, environ)
             setattr(ns, opt.dest, DEFAULTS.get(opt.dest) if value is None else value)
         _check_only(opt, getattr(ns, opt.dest), argv, environ)
+        _check_value(opt, getattr(ns, opt.dest), argv if from_flag else None)
     return ns
+
+
+def _check_value(opt: Option, value: Any, argv: Sequence[str] | None) -> None:
+    """A value the reference refuses, with its message, naming the spelling given (``argv``)
+    or, when the value came from the environment, the variable."""
+    error = opt.check(value) if opt.check and value is not None else None
+    if error is None:
+        return
+    if argv is None:
+        raise Refused(f'error while handling environment variable "{opt.env}": {error}')
+    name = [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in opt.flags][-1]
+    raise Refused(f'error while handling argument "{name}": {error}')
 
 
 def _check_only(opt: Option, value: Any, argv: Sequence[str], environ: dict[str, str]) -> None:
@@ -300,6 +329,10 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "slot_save_path": ns.slot_save_path}
     if ns.pooling is not None:
         fields["pooling"] = ns.pooling
+    if ns.reasoning_format is not None:
+        fields["reasoning_format"] = ns.reasoning_format
+    if ns.reasoning_budget is not None:
+        fields["reasoning_budget_tokens"] = ns.reasoning_budget
     if ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).is_dir() else ns.model
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})

@@ -6,9 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from engine.aio import Gather
+
+from .schema import INT32_MAX, REASONING_FORMATS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
@@ -34,6 +43,13 @@ class GraphArgs(BaseModel):
     temperature: float = Field(0.8, description="default temperature (--temp; <= 0: greedy)")
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
     cache_prompt: bool = Field(True, description="default of cache_prompt")
+    reasoning_format: str = Field(
+        "deepseek", description="default of a request's reasoning_format (--reasoning-format): "
+                                "none, auto, deepseek or deepseek-legacy")
+    reasoning_budget_tokens: int = Field(
+        -1, ge=-1, le=INT32_MAX,
+        description="default of a request's reasoning_budget_tokens (--reasoning-budget): "
+                    "-1 no budget, 0 end at once, N tokens")
     cache_entries: int = Field(0, ge=0, description="prefix-cache entries; 0: two per slot")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
@@ -60,6 +76,13 @@ class GraphArgs(BaseModel):
         (), description="several models in one application: each entry sets one model's keys "
                         "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "
                         "`model` picks one by name, the first answers requests that name none")
+
+    @field_validator("reasoning_format")
+    @classmethod
+    def _known_reasoning_format(cls, name: str) -> str:
+        if name not in REASONING_FORMATS:  # the request field's own error
+            raise ValueError(f"Unknown reasoning format: {name}")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> GraphArgs:

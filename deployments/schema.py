@@ -219,7 +219,7 @@ class CompletionParams:
     reasoning_budget_end: list[list[int]] = field(default_factory=list)  # each end tag's tokens
     reasoning_budget_message: str = ""
     reasoning_budget_forced: list[int] = field(default_factory=list)  # message, first end tag
-    reasoning_control: Any = None
+    reasoning_control: bool = False
     echo: bool = False
     logit_bias: list[tuple[int, float | None]] = field(default_factory=list)
     ignore_eos: bool = False
@@ -477,7 +477,8 @@ FIELDS: tuple[Field, ...] = (
     # preserved_tokens first: a trigger word that is one token must be one of them
     Field("preserved_tokens", "custom", parse=_parse_preserved),
     Field("grammar_triggers", "custom", parse=_parse_grammar_triggers),
-    Field("reasoning_control", "custom", parse=_parse_any, policy="inert"),
+    # a boolean: it arms the budget sampler for POST /v1/chat/completions/control (501 here)
+    Field("reasoning_control", "bool", policy="inert"),
     # the reasoning-budget sampler's (engine/sampling.py): tags tokenized with special tokens
     Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX)),
     Field("reasoning_budget_start_tag", "custom", attr="reasoning_budget_start",

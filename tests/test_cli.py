@@ -100,6 +100,35 @@ def test_one_way_switches(accepted, refused, env, env_refused):
     assert config_of([accepted[0]], {env: env_refused}) == config_of([])  # the flag wins
 
 
+def test_reasoning_flags_and_the_values_the_reference_refuses():
+    """--reasoning-format (LLAMA_ARG_THINK) and --reasoning-budget (LLAMA_ARG_THINK_BUDGET) are
+    the defaults of a request's reasoning_format and reasoning_budget_tokens (their effect:
+    tests/test_surface.py); a value llama-server refuses stops the command with its message."""
+    def reasoning(argv: list[str], environ: dict[str, str] | None = None) -> tuple:
+        args = cli.graph_args(cli.parse(argv, environ or {}))
+        return args.reasoning_format, args.reasoning_budget_tokens
+
+    assert reasoning([]) == ("deepseek", -1)  # the reference's code defaults
+    assert "reasoning_format" not in app_args(config_of([]))
+    assert reasoning(["--reasoning-format", "deepseek-legacy", "--reasoning-budget", "16"]) == (
+        "deepseek-legacy", 16)
+    env = {"LLAMA_ARG_THINK": "none", "LLAMA_ARG_THINK_BUDGET": "0"}
+    assert reasoning([], env) == ("none", 0)
+    assert reasoning(["--reasoning-budget=-1"], env) == ("none", -1)  # the flag wins
+    for argv, environ, message in [
+        (["--reasoning-format", "think"], {},
+         'error while handling argument "--reasoning-format": Unknown reasoning format: think'),
+        (["--reasoning-budget", "-2"], {},
+         'error while handling argument "--reasoning-budget": invalid value'),
+        ([], {"LLAMA_ARG_THINK": "DeepSeek"},
+         'error while handling environment variable "LLAMA_ARG_THINK": Unknown reasoning format: '
+         'DeepSeek'),
+    ]:
+        with pytest.raises(cli.Refused) as refused:
+            cli.parse(argv, environ)
+        assert str(refused.value) == message
+
+
 def test_api_keys_from_the_flag_and_the_file(tmp_path):
     """llama-server gathers --api-key (comma-separated) and --api-key-file (one per line, #
     comments) into one list; any key of it is accepted."""

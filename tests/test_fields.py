@@ -123,7 +123,7 @@ TABLE: dict[str, Case] = {
     "chat_parser": case("inert", {"chat_parser": "x"}),
     "continue_final_message": case("inert", {"continue_final_message": True}),
     "echo": case("inert", {"echo": True}),
-    "reasoning_control": case("inert", {"reasoning_control": {"enabled": False}}),
+    "reasoning_control": case("inert", {"reasoning_control": True}),
     "reasoning_budget_tokens": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
     "reasoning_budget_start_tag": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
     "reasoning_budget_end_tags": case("honored", {},
@@ -374,6 +374,9 @@ TYPE_302 = "[json.exception.type_error.302] type must be"
                                                  f"{TYPE_302} string, but is number"),
     ({"reasoning_budget_end_tag": ["</x>"]}, f"Field 'reasoning_budget_end_tag': {TYPE_302} "
                                              "string, but is array"),
+    # a boolean in the reference's schema (it arms the budget sampler for the control route)
+    ({"reasoning_control": {"enabled": False}}, f"Field 'reasoning_control': {TYPE_302} "
+                                                "boolean, but is object"),
 ])
 def test_reasoning_budget_limits_and_types(client, body, message):
     r = client.post("/completion", json={**BASE, **body})

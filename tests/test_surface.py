@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from deployments import cli
 from deployments.routes import info, unsupported
 from deployments.schema import CompletionParams, f32
 from deployments.shapes import generation_settings
@@ -19,17 +20,20 @@ from .conftest import MODEL
 
 GREEDY = {"temperature": 0, "cache_prompt": False}
 KEY = "sesame"
+# the locked graph's llama-server command line (2 slots of 512 tokens)
+LOCKED_ARGV = ["-m", MODEL, "-a", "locked", "-np", "2", "-c", "1024", "-b", "512", "--api-key",
+               KEY, "--no-slots", "--props", "--embedding", "--pooling", "mean",
+               "--reasoning-format", "auto", "--reasoning-budget", "0"]
 
 
 @pytest.fixture(scope="module")
 def locked(deploy_app, tmp_path_factory) -> tuple[str, str]:
-    """A second graph: API key, /slots and /metrics off, POST /props, slot files and
-    embeddings (mean pooling) on."""
+    """A second graph, the application the mlxray command builds from LOCKED_ARGV: API key,
+    /slots and /metrics off, POST /props, slot files, embeddings (mean pooling), and the
+    server-wide reasoning_format and reasoning budget."""
     folder = str(tmp_path_factory.mktemp("slots"))
-    args = {"model": MODEL, "alias": "locked", "n_parallel": 2, "n_ctx": 512, "api_key": KEY,
-            "slots": False, "metrics": False, "props": True, "slot_save_path": folder,
-            "embeddings": True, "pooling": "mean"}
-    return deploy_app("locked", args), folder
+    config = cli.serve_config(cli.parse([*LOCKED_ARGV, "--slot-save-path", folder], {}))
+    return deploy_app("locked", config["applications"][0]["args"]), folder
 
 
 def keyed(base: str, **headers) -> httpx.Client:
@@ -52,6 +56,27 @@ def test_props_values(client):
     assert props["chat_template_caps"]["supports_system_role"] is True
     assert (props["bos_token"], props["eos_token"]) == ("<s>", "</s>")
     assert props["build_info"] == "b10621-c1d0e7a"
+
+
+# " return" opens the budget, "\n" ends it; "def main():\n" greedily goes on "    return codecs"
+BUDGET_TAGS = {"prompt": "def main():\n", "n_predict": 8, "reasoning_budget_start_tag": " return",
+               "reasoning_budget_end_tags": ["\n"], "reasoning_budget_message": " None", **GREEDY}
+
+
+def test_reasoning_flags_set_the_request_defaults(locked):
+    """--reasoning-format and --reasoning-budget are the server defaults of a request's
+    reasoning_format (echoed; /props shows a fresh task's "none", as the reference does) and
+    reasoning_budget_tokens (a budget of 0 ends the reasoning as soon as it opens)."""
+    with keyed(locked[0]) as c:
+        default = c.post("/completion", json=BUDGET_TAGS).json()
+        unbudgeted = c.post("/completion", json={**BUDGET_TAGS, "reasoning_budget_tokens": -1})
+        named = c.post("/completion", json={**BUDGET_TAGS, "reasoning_format": "none"}).json()
+        props = c.get("/props").json()["default_generation_settings"]["params"]
+    assert default["content"].startswith("    return None\n")
+    assert unbudgeted.json()["content"].startswith("    return codecs")
+    assert default["generation_settings"]["reasoning_format"] == "auto"
+    assert named["generation_settings"]["reasoning_format"] == "none"
+    assert props["reasoning_format"] == "none"
 
 
 def test_post_props_needs_the_switch(client, locked):
