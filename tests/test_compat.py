@@ -329,7 +329,7 @@ def _reindent(folder: Path) -> None:
 
 
 DEFERRED = "field:reasoning_budget_tokens"  # made a deferred entry, then broken
-OPEN_ISSUE = json.loads((MANIFEST / "pin.json").read_text())["open_issues"][0]
+OPEN_ISSUE = 99  # made an open issue of the copy's pin.json
 
 
 def _deferred(entry: dict, **change) -> None:
@@ -337,6 +337,13 @@ def _deferred(entry: dict, **change) -> None:
     entry.update(state="deferred", issue=OPEN_ISSUE)
     entry.pop("claim", None)
     entry.update(change)
+
+
+def _edit_deferred(folder: Path, change: Callable[[dict], None]) -> None:
+    """In the copy: issue OPEN_ISSUE open, DEFERRED made deferred to it, then ``change``d."""
+    pin = folder / "pin.json"
+    pin.write_text(pin.read_text().replace('"open_issues": []', f'"open_issues": [{OPEN_ISSUE}]'))
+    _edit(folder, DEFERRED, change)
 
 
 # mode -> (how to break a copy of the manifest, what the error line names, what it says)
@@ -354,12 +361,12 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
                                                     lambda e: e.pop("rationale")),
                                     ["route:POST /completion",
                                      "by_design entry needs 'rationale'"]),
-    "deferred_without_issue": (lambda f: _edit(f, DEFERRED, lambda e: (_deferred(e),
-                                                                       e.pop("issue"))),
+    "deferred_without_issue": (lambda f: _edit_deferred(f, lambda e: (_deferred(e),
+                                                                     e.pop("issue"))),
                                [DEFERRED, "deferred entry needs 'issue'"]),
-    "deferred_to_a_closed_issue": (lambda f: _edit(f, DEFERRED, lambda e: _deferred(e, issue=1)),
+    "deferred_to_a_closed_issue": (lambda f: _edit_deferred(f, lambda e: _deferred(e, issue=1)),
                                    [DEFERRED, "not an open issue"]),
-    "deferred_with_claim": (lambda f: _edit(f, DEFERRED, lambda e: _deferred(e, claim="x")),
+    "deferred_with_claim": (lambda f: _edit_deferred(f, lambda e: _deferred(e, claim="x")),
                             [DEFERRED, "deferred entry must not have 'claim'"]),
     "not_applicable_without_notes": (lambda f: _edit(f, DEFERRED, lambda e: (
         e.update(state="not_applicable", claim="x"), e.pop("notes", None))),
