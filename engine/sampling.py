@@ -321,17 +321,29 @@ def recorder(record: Callable[[mx.array], None]) -> LogitsProcessor:
     return apply
 
 
-def _dense_bias(bias: list[tuple[int, float | None]], vocab_size: int) -> mx.array:
+def _dense_bias(bias: list[tuple[int, float | None]], vocab_size: int
+                ) -> Callable[[int], mx.array]:
+    """The bias as a dense row, for logits of any width: a model's logits can be wider than its
+    tokenizer's vocabulary (padded embeddings); the extra columns get no bias."""
     ids = mx.array([t for t, _ in bias], dtype=mx.int32)
     values = mx.array([NEG_INF if b is None else b for _, b in bias], dtype=mx.float32)
-    return mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+    dense = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+    by_width = {vocab_size: dense}
+
+    def row(width: int) -> mx.array:
+        if width not in by_width:
+            by_width[width] = dense[:width] if width < vocab_size else mx.concatenate(
+                [dense, mx.zeros((width - vocab_size,), dtype=mx.float32)])
+        return by_width[width]
+
+    return row
 
 
 def logit_bias_processor(bias: list[tuple[int, float | None]], vocab_size: int) -> LogitsProcessor:
-    dense = _dense_bias(bias, vocab_size)
+    row = _dense_bias(bias, vocab_size)
 
     def apply(tokens: mx.array, logits: mx.array) -> mx.array:
-        return logits + dense.astype(logits.dtype)
+        return logits + row(logits.shape[-1]).astype(logits.dtype)
 
     return apply
 
@@ -342,18 +354,19 @@ def greedy_with_bias(bias: tuple[tuple[int, float | None], ...], vocab_size: int
     sequences that share a sampler in one call, and a sequence without logits processors skips
     its per-sequence loop (``ignore_eos`` alone is such a bias). The argmax of the normalised
     logits plus the bias equals that of the biased logits, so the token is the same."""
-    dense = _dense_bias(list(bias), vocab_size)
+    row = _dense_bias(list(bias), vocab_size)
 
     def sample(logprobs: mx.array) -> mx.array:
-        return mx.argmax(logprobs + dense.astype(logprobs.dtype), axis=-1)
+        return mx.argmax(logprobs + row(logprobs.shape[-1]).astype(logprobs.dtype), axis=-1)
 
+    sample.shared = True  # type: ignore[attr-defined]
     return sample
 
 
 def is_shared(sampler: Sampler) -> bool:
-    """A sampler several sequences may share (no state, nothing of its own to fail)."""
-    return sampler is greedy or getattr(sampler, "__qualname__", "").startswith(
-        "greedy_with_bias.")
+    """A sampler several sequences may share: stateless, so the batch samples them in one call
+    (a failure there fails the step, not one sequence, so it must not depend on the request)."""
+    return sampler is greedy or getattr(sampler, "shared", False)
 
 
 def penalties_processor(p: SamplingParams) -> LogitsProcessor:

@@ -249,3 +249,12 @@ def test_reasoning_budget_prefill_and_processor():
     assert process(mx.array([1]), logits) is logits  # the prompt's last token is not accepted
     forced = process(mx.array([1, 1]), logits)[0].tolist()  # the start tag was generated
     assert forced[7] == 0.0 and forced.count(float("-inf")) == N_VOCAB - 1
+
+
+def test_logit_bias_fits_logits_wider_than_the_vocabulary():
+    """Models with padded embeddings return more logit columns than tokenizer entries."""
+    bias = ((3, None), (5, 10.0))
+    logits = mx.zeros((2, 12))
+    processed = sampling.logit_bias_processor(list(bias), 10)(mx.array([]), logits)
+    assert processed.shape == (2, 12) and processed[0, 3].item() == float("-inf")
+    assert sampling.greedy_with_bias(bias, 10)(logits).tolist() == [5, 5]
