@@ -8,6 +8,7 @@ model, ``model`` is ignored, as llama-server ignores it outside router mode.
 """
 
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
@@ -79,6 +80,7 @@ class IngressBase:
                 vocabs[path] = load_vocab(path)
             self.models.append(ModelEndpoint(shaper, replica, model_args, vocabs[path]))
         self.by_name = {m.name: m for m in self.models}
+        self.api_keys = api_keys(args)
         self.started = time.time()
 
     def select(self, name: Any) -> ModelEndpoint:
@@ -106,7 +108,7 @@ class IngressBase:
     def check_key(self, request: Request) -> None:
         """``Authorization: Bearer <key>`` or ``X-Api-Key``; ``api_key`` may list several keys,
         comma-separated, as llama-server's ``--api-key`` does."""
-        keys = [k for k in (self.args.api_key or "").split(",") if k]
+        keys = self.api_keys
         if not keys or request.url.path in PUBLIC_PATHS or request.method == "OPTIONS":
             return
         auth = request.headers.get("authorization", "")
@@ -117,3 +119,13 @@ class IngressBase:
     async def guard(self, request: Request) -> None:
         await self.check_ready()
         self.check_key(request)
+
+
+def api_keys(args: GraphArgs) -> list[str]:
+    """``api_key``'s keys (comma-separated) and ``api_key_file``'s: each line that is not empty
+    and does not start with ``#``, taken as it is (llama-server's --api-key-file)."""
+    keys = [k for k in (args.api_key or "").split(",") if k]
+    if args.api_key_file:
+        lines = Path(args.api_key_file).read_text().splitlines()
+        keys += [line for line in lines if line and not line.startswith("#")]
+    return keys

@@ -324,7 +324,8 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "seed": SEED_RANDOM if ns.seed == -1 else ns.seed,
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
                               "slots": ns.slots is not False, "cache_prompt": ns.cache_prompt
-                              is not False, "alias": ns.alias, "api_key": api_keys(ns),
+                              is not False, "alias": ns.alias, "api_key": ns.api_key,
+                              "api_key_file": api_key_file(ns),
                               "embeddings": bool(ns.embeddings),
                               "slot_save_path": ns.slot_save_path}
     if ns.pooling is not None:
@@ -345,16 +346,18 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     return GraphArgs.model_validate(fields)
 
 
-def api_keys(ns: argparse.Namespace) -> str | None:
-    """--api-key's keys and --api-key-file's, comma-separated, as llama-server gathers both."""
-    keys = [k for k in (ns.api_key or "").split(",") if k]
-    if ns.api_key_file:
-        try:
-            lines = Path(ns.api_key_file).read_text().splitlines()
-        except OSError as exc:
-            raise Refused(f"--api-key-file: {exc}") from None
-        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    return ",".join(keys) or None
+def api_key_file(ns: argparse.Namespace) -> str | None:
+    """--api-key-file as an absolute path the ingress reads at start (the keys themselves stay
+    out of the serve config, ``serve config`` and the dashboard); a file that cannot be read
+    stops the command, as llama-server's "failed to open file"."""
+    if not ns.api_key_file:
+        return None
+    path = Path(ns.api_key_file).resolve()
+    try:
+        path.read_text()
+    except OSError as exc:
+        raise Refused(f"--api-key-file: failed to open file '{ns.api_key_file}': {exc}") from None
+    return str(path)
 
 
 def route_prefix(ns: argparse.Namespace) -> str:

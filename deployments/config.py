@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from engine.aio import Gather
+from engine.types import Gather
 
 from .schema import INT32_MAX, REASONING_FORMATS
 
@@ -28,7 +28,7 @@ PER_SEQUENCE_MS = 4.0
 MAX_INTERVAL_MS = 50.0
 # Settings of the whole application (the ingress's), never of one model: a ``models`` entry
 # may not set them, as llama-server's router keeps its API key from its model presets.
-APP_WIDE = ("api_key", "max_body_bytes")
+APP_WIDE = ("api_key", "api_key_file", "max_body_bytes")
 
 
 class GraphArgs(BaseModel):
@@ -66,6 +66,9 @@ class GraphArgs(BaseModel):
     slots: bool = Field(True, description="serve /slots (--slots)")
     props: bool = Field(False, description="allow POST /props (--props)")
     api_key: str | None = Field(None, description="required key (--api-key)")
+    api_key_file: str | None = Field(
+        None, description="file of keys, one per line, # comments (--api-key-file); read by "
+                          "the ingress at start, so the keys stay out of the serve config")
     slot_save_path: str | None = Field(
         None, description="folder for POST /slots/{id}?action=save|restore (--slot-save-path)")
     embeddings: bool = Field(False, description="serve the embedding routes (--embedding)")

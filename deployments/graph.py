@@ -51,9 +51,15 @@ def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None
     ``replica_ongoing_limit``."""
     models = config.model_configs()
     named = len(models) > 1
-    stacks = [model_stack(m, replica_options, deployment_suffix(m.model_name) if named else "")
-              for m in models]
-    front = max(front_ongoing_limit(m) for m in models)
+    suffixes = [deployment_suffix(m.model_name) if named else "" for m in models]
+    for suffix in set(suffixes):
+        same = [m.model_name for m, s in zip(models, suffixes) if s == suffix]
+        if len(same) > 1:
+            raise ValueError(f"models {same} would share the deployment names *{suffix}: "
+                             "give them aliases that differ in more than '.', '/' or '#'")
+    stacks = [model_stack(m, replica_options, s) for m, s in zip(models, suffixes)]
+    # the one ingress carries every model's requests
+    front = max(1000, 2 * sum(replica_ongoing_limit(m) for m in models))
     return Ingress.options(max_ongoing_requests=front).bind(stacks, config)
 
 

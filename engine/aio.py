@@ -11,42 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from .scheduler import Engine
-from .types import EngineEvent, ErrorEvent, FinalEvent, GenerationRequest, TokenEvent
-
-
-@dataclass(frozen=True)
-class Gather:
-    """How long a stream's tokens after the first gather before they leave as one batch:
-    ``floor_s`` plus ``per_sequence_s`` for each sequence the engine is running, at most
-    ``max_s``. A lone stream then gets a batch every few milliseconds (invisible to a reader),
-    a busy engine fuller ones, and the graph's cost per token falls as the load rises.
-    ``Gather()`` sends every batch as soon as it is ready (llama-server's timing)."""
-
-    floor_s: float = 0.0
-    per_sequence_s: float = 0.0
-    max_s: float = 0.1
-
-    def interval(self, n_active: int) -> float:
-        return min(self.max_s, self.floor_s + self.per_sequence_s * n_active)
-
-    @property
-    def off(self) -> bool:
-        return self.floor_s <= 0 and self.per_sequence_s <= 0
+from .types import EngineEvent, ErrorEvent, FinalEvent, Gather, GenerationRequest, TokenEvent
 
 
 async def generate(
-    engine: Engine, requests: list[GenerationRequest], gather: Gather | float = 0.0
+    engine: Engine, requests: list[GenerationRequest], gather: Gather = Gather()
 ) -> AsyncIterator[list[EngineEvent]]:
     """Yield lists of events until every request of the group has its final or error event.
-    ``gather``: a ``Gather``, or a fixed interval in seconds.
 
     Closing the iterator early (a client that went away) cancels the group in the engine.
     """
-    if not isinstance(gather, Gather):
-        gather = Gather(floor_s=gather, max_s=max(gather, 0.0))
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[list[EngineEvent]] = asyncio.Queue()
     ended = asyncio.Event()  # a final or error event is waiting: a gather ends at once

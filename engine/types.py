@@ -219,3 +219,23 @@ class EngineError(Exception):
 
     def to_event(self, index: int = 0) -> ErrorEvent:
         return ErrorEvent(index, self.code, self.message, self.type, dict(self.extra))
+
+
+@dataclass(frozen=True)
+class Gather:
+    """How long a stream's tokens after the first gather before they leave as one batch:
+    ``floor_s`` plus ``per_sequence_s`` for each sequence the engine is running, at most
+    ``max_s``. A lone stream then gets a batch every few milliseconds (invisible to a reader),
+    a busy engine fuller ones, and the graph's cost per token falls as the load rises.
+    ``Gather()`` sends every batch as soon as it is ready (llama-server's timing)."""
+
+    floor_s: float = 0.0
+    per_sequence_s: float = 0.0
+    max_s: float = 0.1
+
+    def interval(self, n_active: int) -> float:
+        return min(self.max_s, self.floor_s + self.per_sequence_s * n_active)
+
+    @property
+    def off(self) -> bool:
+        return self.floor_s <= 0 and self.per_sequence_s <= 0

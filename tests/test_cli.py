@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from deployments import cli
+from deployments.base import api_keys
+from deployments.config import GraphArgs
 from tests.conftest import MODEL, REPO, free_port, wait_healthy
 
 
@@ -133,10 +135,10 @@ def test_api_keys_from_the_flag_and_the_file(tmp_path):
     """llama-server gathers --api-key (comma-separated) and --api-key-file (one per line, #
     comments) into one list; any key of it is accepted."""
     keys = tmp_path / "keys"
-    keys.write_text("# team keys\nk3\n\n  k4  \n")
-    assert app_args(config_of(["--api-key", "k1,k2", "--api-key-file", str(keys)]))[
-        "api_key"] == "k1,k2,k3,k4"
-    assert app_args(config_of(["--api-key-file", str(keys)]))["api_key"] == "k3,k4"
+    keys.write_text("# team keys\nk3\n\n  k4 \n")
+    args = app_args(config_of(["--api-key", "k1,k2", "--api-key-file", str(keys)]))
+    assert (args["api_key"], args["api_key_file"]) == ("k1,k2", str(keys))  # no key in it
+    assert api_keys(GraphArgs.model_validate(args)) == ["k1", "k2", "k3", "  k4 "]
     with pytest.raises(cli.Refused, match="--api-key-file"):
         config_of(["--api-key-file", str(tmp_path / "missing")])
 
@@ -156,7 +158,7 @@ def test_several_keys_are_each_accepted():
     from deployments.errors import ApiError
 
     ingress = object.__new__(IngressBase)
-    ingress.args = SimpleNamespace(api_key="k1,k2")
+    ingress.api_keys = api_keys(GraphArgs(api_key="k1,k2"))
 
     def request(key: str):
         return SimpleNamespace(url=SimpleNamespace(path="/completion"), method="POST",

@@ -12,7 +12,7 @@ from mlx_lm.generate import generate_step
 from deployments.config import GraphArgs
 from engine import aio
 from engine.scheduler import Engine
-from engine.types import FinalEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.types import FinalEvent, Gather, GenerationRequest, SamplingParams, TokenEvent
 
 from .conftest import run_engine, running_engine
 
@@ -161,7 +161,8 @@ def test_stream_interval_gathers_tokens_after_the_first(engine):
         req = greedy_request(engine, "def main():\n", 12, stream=True, cache_prompt=False,
                              ignore_eos=True)
         req.sampling.logit_bias = [(t, None) for t in engine.vocab.eog_ids]
-        return [batch async for batch in aio.generate(engine, [req], 2.0)]
+        gather = Gather(floor_s=2.0, max_s=2.0)
+        return [batch async for batch in aio.generate(engine, [req], gather)]
 
     with_tokens = [b for b in asyncio.run(batches())
                    if any(isinstance(e, TokenEvent) for e in b)]
@@ -170,9 +171,9 @@ def test_stream_interval_gathers_tokens_after_the_first(engine):
 
 
 def test_gather_interval_grows_with_the_running_sequences():
-    gather = aio.Gather(floor_s=0.001, per_sequence_s=0.004, max_s=0.05)
+    gather = Gather(floor_s=0.001, per_sequence_s=0.004, max_s=0.05)
     assert [gather.interval(n) for n in (0, 1, 4, 16)] == [0.001, 0.005, 0.017, 0.05]
-    assert aio.Gather().off and not gather.off
+    assert Gather().off and not gather.off
     assert GraphArgs(stream_interval_per_sequence_ms=0).gather.off  # llama-server's timing
 
 
@@ -186,7 +187,7 @@ def test_gather_holds_a_lone_stream_for_its_per_sequence_share(engine):
         return [b async for b in aio.generate(engine, [req], gather)
                 if any(isinstance(e, TokenEvent) for e in b)]
 
-    got = asyncio.run(batches(aio.Gather(per_sequence_s=2.0, max_s=5.0)))
+    got = asyncio.run(batches(Gather(per_sequence_s=2.0, max_s=5.0)))
     sizes = [sum(isinstance(e, TokenEvent) for e in b) for b in got]
     assert len(got) <= 3 and max(sizes) >= 9, sizes
 
@@ -198,7 +199,7 @@ def test_a_final_event_ends_the_gather(engine):
                              ignore_eos=True)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        batches = [b async for b in aio.generate(engine, [req], aio.Gather(floor_s=10, max_s=10))]
+        batches = [b async for b in aio.generate(engine, [req], Gather(floor_s=10, max_s=10))]
         return loop.time() - start, batches
 
     elapsed, batches = asyncio.run(timed())

@@ -94,6 +94,13 @@ def test_multi_model_yaml_is_a_valid_serve_config():
     call_user_app_builder_with_args_if_necessary(build_app, app["args"])
 
 
+def test_names_that_would_share_deployments_fail_at_build():
+    from deployments.graph import build_app
+
+    with pytest.raises(ValueError, match=r"would share the deployment names \*:a_b"):
+        build_app({"model": MODEL, "models": [{"alias": "a.b"}, {"alias": "a_b"}]})
+
+
 # ---- one application of two models ------------------------------------------------------------
 def test_one_replica_deployment_per_model(two):
     from ray import serve
