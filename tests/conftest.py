@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -49,6 +50,24 @@ def run_engine(engine, *requests) -> list:
         return events
 
     return asyncio.run(collect())
+
+
+@contextmanager
+def batch_sizes(engine) -> Iterator[list[int]]:
+    """The sequences each engine step decodes, step by step, while inside."""
+    steps: list[int] = []
+    original = engine._bg.next
+
+    def counting_next():
+        prompt_responses, generation_responses = original()
+        steps.append(len(generation_responses))
+        return prompt_responses, generation_responses
+
+    engine._bg.next = counting_next
+    try:
+        yield steps
+    finally:
+        del engine._bg.next
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from deployments.schema import CompletionParams, ParseContext, parse_completion
 from engine import aio
 from engine.types import ErrorEvent, FinalEvent, GenerationRequest, SamplingParams, TokenEvent
 
-from .conftest import run_engine, running_engine
+from .conftest import batch_sizes, run_engine, running_engine
 from .test_http import PROMPTS, sse_events
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -188,20 +188,9 @@ def test_half_constrained_batch_decodes_together(engine):
                                  stream=True, index=i)
 
     alone = [run(engine, request(i, "")) for i in range(1, 8, 2)]
-    steps: list[int] = []
-    original = engine._bg.next
-
-    def counting_next():
-        prompt_responses, generation_responses = original()
-        steps.append(len(generation_responses))
-        return prompt_responses, generation_responses
-
     compiles = engine.grammars.compiles
-    engine._bg.next = counting_next
-    try:
+    with batch_sizes(engine) as steps:
         events = run(engine, *[request(i, schema if i % 2 == 0 else "") for i in range(8)])
-    finally:
-        del engine._bg.next
     assert engine.grammars.compiles == compiles + 1
     assert max(steps) == 8
     finals = {e.index: e for e in events if isinstance(e, FinalEvent)}

@@ -22,7 +22,7 @@ from engine.types import (
 )
 from engine.vocab import load_vocab
 
-from .conftest import MODEL, run_engine, running_engine
+from .conftest import MODEL, batch_sizes, run_engine, running_engine
 from .test_grammar import complete_all
 
 # "def main():\n" greedily continues "    return codecs.CodecInfo(\n ...": " code" "c" "s" "."
@@ -230,20 +230,9 @@ def test_lazy_and_free_sequences_decode_together(engine):
                                  grammar_triggers=triggers or [], stream=True, index=i)
 
     alone = next(e for e in run_engine(engine, request(0)) if isinstance(e, FinalEvent))
-    steps: list[int] = []
-    original = engine._bg.next
-
-    def counting_next():
-        prompt_responses, generation_responses = original()
-        steps.append(len(generation_responses))
-        return prompt_responses, generation_responses
-
-    engine._bg.next = counting_next
-    try:
+    with batch_sizes(engine) as steps:
         events = run_engine(engine, request(0, 'root ::= "codecs = 42"', fires),
                             request(1, 'root ::= "x"', never), request(2), request(3))
-    finally:
-        del engine._bg.next
     finals = {e.index: e for e in events if isinstance(e, FinalEvent)}
     assert max(steps) == 4
     assert finals[0].content == alone.content[: alone.content.index("codecs")] + "codecs = 42"
