@@ -20,6 +20,7 @@ from engine import aio, embed, slot_store
 from engine.model import LoadedModel, load_model
 from engine.scheduler import Engine, EngineConfig
 from engine.types import (
+    UNLIMITED_BUDGET,
     EngineError,
     EngineEvent,
     GenerationRequest,
@@ -48,6 +49,7 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 n_predict=params.n_predict,
                 stop=list(params.stop),
                 grammar=params.grammar,
+                grammar_prefill=_grammar_prefill(params),
                 reasoning_budget=_reasoning_budget(params),
                 grammar_lazy=params.grammar_lazy,
                 grammar_triggers=[GrammarTrigger(t["type"], t["value"], t.get("token", -1))
@@ -77,12 +79,22 @@ def _sampling(p: CompletionParams, seed: int) -> SamplingParams:
 
 def _reasoning_budget(p: CompletionParams) -> ReasoningBudget | None:
     """common_sampler_init makes the budget sampler only with a start tag, an end tag and a budget
-    (or reasoning_control or a lazy grammar, with an unlimited budget that never forces)."""
-    if p.reasoning_budget_tokens < 0 or not p.reasoning_budget_start or not p.reasoning_budget_end:
+    (or reasoning_control or grammar_lazy, with an unlimited budget that never forces: it holds a
+    lazy grammar off inside the tags)."""
+    if not p.reasoning_budget_start or not p.reasoning_budget_end:
         return None
-    return ReasoningBudget(p.reasoning_budget_tokens, list(p.reasoning_budget_start),
+    if p.reasoning_budget_tokens < 0 and not (p.grammar_lazy or p.reasoning_control):
+        return None
+    tokens = p.reasoning_budget_tokens if p.reasoning_budget_tokens >= 0 else UNLIMITED_BUDGET
+    return ReasoningBudget(tokens, list(p.reasoning_budget_start),
                            [list(tag) for tag in p.reasoning_budget_end],
                            list(p.reasoning_budget_forced), p.generation_prompt)
+
+
+def _grammar_prefill(p: CompletionParams) -> str:
+    """A json_schema's grammar (an output-format grammar) accepts the generation prompt first,
+    unless lazy (common_grammar_needs_prefill); a client's grammar string never does."""
+    return p.generation_prompt if p.json_schema is not None and not p.grammar_lazy else ""
 
 
 def _copy(value):

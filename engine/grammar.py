@@ -6,7 +6,8 @@ llama.cpp built with LLGuidance accepts). Compiling is paid once per distinct gr
 The ``GrammarProcessor`` is an mlx-lm logits processor: at each decode step it consumes the token
 sampled at the previous step, then masks every token the grammar does not allow next (EOS only
 when the grammar accepts). A lazy grammar (``grammar_lazy``) leaves the logits alone until its
-trigger scanner (``engine/triggers.py``) fires, then starts from the text of the trigger on.
+trigger scanner (``engine/triggers.py``) fires, then starts from the text of the trigger on; with
+a reasoning budget it is also held off (neither fed nor masking) while the budget is active.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -24,6 +25,9 @@ import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from .triggers import TriggerScanner
+
+if TYPE_CHECKING:
+    from .sampling import BudgetState
 
 LARK_PREFIX = "%llguidance"
 NEG_INF = float("-inf")
@@ -122,30 +126,36 @@ class GrammarCache:
                 self._templates.popitem(last=False)
             return matcher
 
-    def processor(self, grammar: str, waiting: TriggerScanner | None = None) -> GrammarProcessor:
-        """A fresh matcher for one sequence; lazy (free until a trigger fires) with ``waiting``."""
+    def processor(self, grammar: str, waiting: TriggerScanner | None = None,
+                  hold: BudgetState | None = None) -> GrammarProcessor:
+        """A fresh matcher for one sequence; lazy (free until a trigger fires) with ``waiting``,
+        held off while the reasoning budget ``hold`` is active."""
         return GrammarProcessor(self.template(grammar).deep_copy(), self.n_vocab, self.eos_ids,
-                                waiting, self._lltokenizer().tokenize_bytes)
+                                waiting, self._lltokenizer().tokenize_bytes, hold)
 
 
 class GrammarProcessor:
     """mlx-lm logits processor for one sequence. mlx-lm calls it once per decode step with the
     context whose last token is the one sampled at the previous step (a prompt token the first
     time), so it consumes that token before computing the next mask. A lazy one hands the
-    tokens to its trigger scanner instead and leaves the logits alone until a trigger fires."""
+    tokens to its trigger scanner instead and leaves the logits alone until a trigger fires.
+    With ``hold`` (the reasoning budget, whose processor runs first), a token the budget took
+    while active is not fed, and no mask is applied while it is active."""
 
     __slots__ = ("matcher", "n_vocab", "eos_ids", "started", "waiting", "tokenize_bytes",
-                 "_bits")
+                 "hold", "_bits")
 
     def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, eos_ids: list[int],
                  waiting: TriggerScanner | None = None,
-                 tokenize_bytes: Callable[[bytes], list[int]] | None = None):
+                 tokenize_bytes: Callable[[bytes], list[int]] | None = None,
+                 hold: BudgetState | None = None):
         self.matcher = matcher
         self.n_vocab = n_vocab
         self.eos_ids = eos_ids
         self.started = False
         self.waiting = waiting
         self.tokenize_bytes = tokenize_bytes
+        self.hold = hold
         self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
 
     @property
@@ -155,15 +165,33 @@ class GrammarProcessor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.started:
-            self.consume(int(tokens[-1].item()))
+            self._take(int(tokens[-1].item()))
         self.started = True
-        if self.waiting is not None:
+        if self.waiting is not None or (self.hold is not None and self.hold.active):
             return logits
         allowed = self.allowed()
         width = logits.shape[-1]
         if width > self.n_vocab:  # the model's padded rows are never allowed
             allowed = np.concatenate([allowed, np.zeros(width - self.n_vocab, dtype=bool)])
         return mx.where(mx.array(allowed[:width]), logits, NEG_INF)
+
+    def _take(self, token: int) -> None:
+        hold = self.hold
+        if hold is None:
+            self.consume(token)
+            return
+        for replayed in hold.replay:  # the end tag that just ended the budget
+            self.consume(replayed)
+        if not hold.held_last:
+            self.consume(token)
+
+    def prefill(self, tokens: list[int]) -> int | None:
+        """Tokens the grammar accepts before generation (the generation prompt's); the first one
+        it does not accept, or None."""
+        for token in tokens:
+            if not self.matcher.consume_token(token) or self.matcher.is_error():
+                return token
+        return None
 
     def consume(self, token: int) -> None:
         """One generated token: to the matcher, or to the scanner while it waits (the text from

@@ -557,13 +557,16 @@ class TagMatcher:
     def __init__(self, sequences: list[list[int]]):
         self.sequences = {tuple(s) for s in sequences if s}
         self.recent: deque[int] = deque(maxlen=max(map(len, self.sequences), default=1))
+        self.matched: tuple[int, ...] = ()  # the sequence seen last
 
     def advance(self, token: int) -> bool:
         self.recent.append(token)
         tail = tuple(self.recent)
-        if any(tail[-len(s):] == s for s in self.sequences):
-            self.recent.clear()
-            return True
+        for sequence in self.sequences:
+            if tail[-len(sequence):] == sequence:
+                self.recent.clear()
+                self.matched = sequence
+                return True
         return False
 
     def reset(self) -> None:
@@ -573,7 +576,9 @@ class TagMatcher:
 @dataclass
 class BudgetState:
     """One sequence's reasoning budget: ``accept`` each generated token, then ``forced_token``
-    says which token the next step must take (None: any)."""
+    says which token the next step must take (None: any). A lazy grammar is held off while the
+    budget is ``active`` (llama.cpp's grammar_should_apply): it is not fed a token accepted while
+    active (``held_last``), but is fed the end tag that ended the budget (``replay``)."""
 
     budget: int
     start: TagMatcher
@@ -583,14 +588,24 @@ class BudgetState:
     phase: str = IDLE
     remaining: int = 0
     force_pos: int = 0
+    held_last: bool = False
+    replay: tuple[int, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.phase in (COUNTING, WAITING_UTF8, FORCING)
 
     def accept(self, token: int) -> None:
+        self.held_last, self.replay = self.active, ()
+        self._advance(token)
+
+    def _advance(self, token: int) -> None:
         if self.phase in (IDLE, DONE):
             if self.start.advance(token):
                 self._open()
         elif self.phase in (COUNTING, WAITING_UTF8):
             if self.end.advance(token):
-                self.phase = DONE
+                self.phase, self.replay = DONE, self.end.matched
             elif self.phase == COUNTING:
                 self.remaining -= 1
                 if self.remaining <= 0 and self._ends_character(token):

@@ -27,6 +27,7 @@ from .model import LoadedModel
 from .prefix_cache import PrefixCache
 from .sampling import (
     Breakers,
+    BudgetState,
     budget_state,
     dry_active,
     dry_breakers,
@@ -197,6 +198,17 @@ class Engine:
                                   "server_error") from None
             if req.grammar_lazy:
                 check_trigger_patterns(req.grammar_triggers)
+            if req.grammar_prefill:
+                self._check_grammar_prefill(req)
+
+    def _check_grammar_prefill(self, req: GenerationRequest) -> None:
+        """A generation prompt the grammar does not accept fails the sampler initialization, as
+        llama.cpp's grammar throws on it."""
+        refused = self.grammars.processor(req.grammar).prefill(self._prefill(req.grammar_prefill))
+        if refused is not None:
+            piece = self.vocab.piece(refused, special=True).decode("utf-8", "replace")
+            raise EngineError(f"Failed to initialize samplers: Unexpected empty grammar stack "
+                              f"after accepting piece: {piece} ({refused})")
 
     def submit(self, requests: list[GenerationRequest], sink: Sink) -> int:
         """Queue the sequences of one client request; returns the group id for ``cancel``."""
@@ -483,8 +495,10 @@ class Engine:
         breakers = self._breakers(tuple(sampling.dry_sequence_breakers)) if (
             dry_active(sampling)) else None
         processors = make_processors(sampling, self.vocab.n_vocab, breakers)
+        budget = None
         if task.req.reasoning_budget is not None:
-            processors.insert(0, self._reasoning_budget(task.req.reasoning_budget))
+            budget = self._reasoning_budget(task.req.reasoning_budget)
+            processors.insert(0, reasoning_budget_processor(budget))
         record = None
         if sampling.n_probs > 0 and sampling.post_sampling_probs:
             record = task.recorded.append
@@ -493,7 +507,10 @@ class Engine:
         if task.req.grammar:
             waiting = TriggerScanner(task.req.grammar_triggers, self._trigger_piece) if (
                 task.req.grammar_lazy) else None
-            task.grammar = self.grammars.processor(task.req.grammar, waiting)
+            # only a lazy grammar waits for the budget to end (grammar_should_apply)
+            hold = budget if task.req.grammar_lazy else None
+            task.grammar = self.grammars.processor(task.req.grammar, waiting, hold)
+            task.grammar.prefill(self._prefill(task.req.grammar_prefill))  # checked by validate
             processors.append(task.grammar)
         sampler = make_sampler(sampling, task.seed, self.vocab.n_vocab, record)
         only_bias = sampling.logit_bias and len(processors) == 1 and sampling.n_probs == 0
@@ -502,13 +519,15 @@ class Engine:
             return greedy_with_bias(bias, self.vocab.n_vocab), []
         return sampler, processors
 
-    def _reasoning_budget(self, rb: ReasoningBudget) -> Callable:
-        """Before the other processors, as llama.cpp applies it before its chain; the generation
-        prompt's tokens are accepted first (common_sampler_init)."""
+    def _reasoning_budget(self, rb: ReasoningBudget) -> BudgetState:
+        """Its processor goes before the others, as llama.cpp applies it before its chain; the
+        generation prompt's tokens are accepted first (common_sampler_init)."""
+        return budget_state(rb, self.vocab.pieces, self._prefill(rb.generation_prompt))
+
+    def _prefill(self, generation_prompt: str) -> list[int]:
         vocab = self.vocab
-        prefill = prefill_tokens(rb.generation_prompt, lambda text: vocab.tokenize(text, False),
-                                 vocab.special_pieces)
-        return reasoning_budget_processor(budget_state(rb, vocab.pieces, prefill))
+        return prefill_tokens(generation_prompt, lambda text: vocab.tokenize(text, False),
+                              vocab.special_pieces)
 
     def _trigger_piece(self, token: int) -> bytes:
         """What a lazy grammar's trigger scanner sees of a token: special tokens as text."""

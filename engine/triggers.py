@@ -11,7 +11,9 @@ as a plain grammar does.
 Patterns are compiled as bytes regexes over the UTF-8 buffer, as llama.cpp runs ``std::regex``
 over its byte string. A pattern that starts with ``^`` and ends with ``$`` is matched against the
 whole buffer first, then searched, as in llama.cpp; a final ``$`` matches only at the very end
-(ECMAScript), not before a final newline as Python's would.
+(ECMAScript), not before a final newline as Python's would. An ECMAScript ``\\uXXXX`` escape
+(which Python's bytes regexes refuse) is translated: an ASCII one to its byte, anywhere; another
+one, outside a character class, to its UTF-8 bytes as one group; inside a class it is refused.
 """
 
 from __future__ import annotations
@@ -53,7 +55,42 @@ def anchored(pattern: str) -> str:
 @lru_cache(maxsize=256)
 def compile_pattern(pattern: str) -> re.Pattern[bytes]:
     """The pattern as a bytes regex; raises ``re.error`` when it does not compile."""
-    return re.compile(_ecmascript_end(pattern).encode("utf-8"))
+    return re.compile(_unicode_escapes(_ecmascript_end(pattern)).encode("utf-8"))
+
+
+def _unicode_escapes(pattern: str) -> str:
+    """``\\uXXXX`` as escaped UTF-8 bytes (see the module's docstring); other escapes are kept."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            hex_digits = pattern[i + 2:i + 6]
+            if pattern[i + 1:i + 2] == "u" and len(hex_digits) == 4 and all(
+                    c in "0123456789abcdefABCDEF" for c in hex_digits):
+                out.append(_utf8_escape(chr(int(hex_digits, 16)), in_class, pattern))
+                i += 6
+                continue
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class:
+            in_class = False
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def _utf8_escape(char: str, in_class: bool, pattern: str) -> str:
+    encoded = "".join(f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogatepass"))
+    if ord(char) < 0x80:
+        return encoded
+    if in_class:
+        raise re.error(f"a non-ASCII \\u escape in a character class: {pattern!r}")
+    return f"(?:{encoded})"
 
 
 def check_trigger_patterns(triggers: list[GrammarTrigger]) -> None:

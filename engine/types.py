@@ -73,6 +73,9 @@ class GrammarTrigger:
     token: int = -1  # TRIGGER_TOKEN only
 
 
+UNLIMITED_BUDGET = 2**31 - 1  # llama.cpp's INT_MAX: a budget that never runs out
+
+
 @dataclass(slots=True)
 class ReasoningBudget:
     """llama.cpp's reasoning-budget sampler for one sequence, tokenized: once ``start`` has been
@@ -96,6 +99,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     grammar: str = ""  # GBNF, or Lark after "%llguidance"; "" for none
     reasoning_budget: ReasoningBudget | None = None
+    grammar_prefill: str = ""  # text whose tokens the grammar accepts before generation
     grammar_lazy: bool = False  # the grammar waits for one of grammar_triggers
     grammar_triggers: list[GrammarTrigger] = field(default_factory=list)
     preserved_tokens: list[int] = field(default_factory=list)  # special tokens rendered as text

@@ -103,6 +103,27 @@ def test_invalid_gbnf_is_refused_before_generation(client, stream):
                                              "grammar"}}
 
 
+def test_generation_prompt_prefills_a_json_schema_grammar(client):
+    """An output-format grammar (from json_schema) accepts the generation prompt's tokens first
+    (common_grammar_needs_prefill); a client's grammar string is never prefilled."""
+    digit = {**SCHEMA, "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    body = {"prompt": "x = ", "n_predict": 16, "temperature": 0, "json_schema": digit}
+    plain = client.post("/completion", json=body).json()["content"]
+    r = client.post("/completion", json={**body, "generation_prompt": '{"n": '})
+    assert r.status_code == 200
+    assert valid_n(plain) and valid_n('{"n": ' + r.json()["content"])
+    assert plain.startswith("{") and not r.json()["content"].startswith("{")
+    # a prompt the grammar does not accept fails the sampler initialization, before any frame
+    [x] = client.post("/tokenize", json={"content": "x"}).json()["tokens"]
+    r = client.post("/completion", json={**body, "generation_prompt": "x", "stream": True})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": 400, "type": "invalid_request_error",
+        "message": "Failed to initialize samplers: Unexpected empty grammar stack after "
+                   f"accepting piece: x ({x})"}
+    r = client.post("/completion", json={**body, "json_schema": None, "grammar": YES_NO,
+                                         "generation_prompt": "x"})
+    assert r.status_code == 200 and r.json()["content"] in ("yes", "no")
+
 def test_unconvertible_json_schema_names_the_field(client):
     r = client.post("/completion", json={"prompt": "x", "json_schema": {"type": "nonsense-type"}})
     assert r.status_code == 400

@@ -5,11 +5,13 @@ text before the trigger is the free run's, the text after it is the grammar's.""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from deployments.errors import ApiError
 from deployments.schema import CompletionParams, ParseContext, parse_completion
-from engine.triggers import TriggerScanner
+from engine.triggers import TriggerScanner, compile_pattern
 from engine.types import (
     TRIGGER_PATTERN,
     TRIGGER_PATTERN_FULL,
@@ -208,6 +210,35 @@ def test_scanner_fires_where_llama_cpp_does():
     x, equals = GrammarTrigger(TRIGGER_WORD, "x"), GrammarTrigger(TRIGGER_WORD, "=")
     assert scan([equals, x], [1]) == (1, b"= ", [])
     assert scan([x, equals], [1]) == (1, b"", [1])
+
+    # an ECMAScript \\uXXXX escape: ASCII anywhere, other characters as their UTF-8 bytes
+    escaped = GrammarTrigger(TRIGGER_PATTERN, r"[\u0078-\u0079] \u003d|caf\u00e9+")
+    assert scan([escaped], [1]) == (1, b"", [1])
+    assert compile_pattern(r"caf\u00e9+").fullmatch("café".encode())
+    with pytest.raises(re.error):
+        compile_pattern(r"[\u00e9]")  # not in a class: refused before generation
+
+
+# ---- a reasoning budget holds a lazy grammar off inside its tags (grammar_should_apply) ------
+# "class Foo:\n" greedily opens a docstring, ' """Called by the class for the class ... class.',
+# closes it with ' """', then goes on with "    def __init__(self, ...):\n        self.name"
+DOCSTRING = {**GREEDY, "prompt": "class Foo:\n", "n_predict": 64}
+TAGS = {"reasoning_budget_start_tag": ' """', "reasoning_budget_end_tags": [' """']}
+DOTTED = {"type": TRIGGER_PATTERN, "value": r"(\w+)\."}
+
+
+def test_reasoning_budget_holds_a_lazy_grammar_off_inside_its_tags(base_url):
+    body = {**lazy('root ::= [a-z]+ ".x"', DOTTED), **DOCSTRING}
+    results = complete_all(base_url, [DOCSTRING, body, {**body, **TAGS},
+                                      {**body, **TAGS, "reasoning_budget_tokens": 40}])
+    [free, untagged, tagged, budgeted] = [content(r) for _, r in results]
+    assert all(status == 200 for status, _ in results)
+    inside, after = free.index("class."), free.index("self.")
+    assert free.index('"""') < inside < free.rindex('"""') < after
+    # without tags the pattern fires in the docstring; with them (and no budget: an unlimited
+    # one is made) the grammar is neither fed nor applied until the end tag
+    assert untagged == free[:inside] + "class.x"
+    assert tagged == budgeted == free[:after] + "self.x"
 
 
 # ---- the engine: lazy and free sequences in one batch ------------------------------------------
