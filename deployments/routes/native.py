@@ -114,15 +114,21 @@ def _handle_body(body: Any, stream: bool) -> Any:
     return body
 
 
-async def complete_handle(ingress: IngressBase, body: Any) -> Any:
-    """handle.complete.remote(body): the native answer as a dict (a list for several prompts or
-    n_cmpl > 1), validated as POST /completion validates it; errors raise RequestError."""
+async def _prepare_handle(ingress: IngressBase, body: Any, stream: bool):
+    """A handle call's body validated as the HTTP route validates it; errors raise
+    RequestError."""
     try:
         await ingress.check_ready()
         model = ingress.model_of(body)
-        params, prompts = prepare(model, _handle_body(body, stream=False))
+        return (model, *prepare(model, _handle_body(body, stream)))
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
+
+
+async def complete_handle(ingress: IngressBase, body: Any) -> Any:
+    """handle.complete.remote(body): the native answer as a dict (a list for several prompts or
+    n_cmpl > 1), validated as POST /completion validates it; errors raise RequestError."""
+    model, params, prompts = await _prepare_handle(ingress, body, stream=False)
     status, result = await model.shaper.result.remote(params, prompts)
     if status != 200:
         raise RequestError(status, result)
@@ -132,12 +138,7 @@ async def complete_handle(ingress: IngressBase, body: Any) -> Any:
 async def stream_handle(ingress: IngressBase, body: Any) -> AsyncIterator[dict]:
     """handle.options(stream=True).stream.remote(body): the native stream frames as dicts; an
     error (before or after the first frame) raises RequestError."""
-    try:
-        await ingress.check_ready()
-        model = ingress.model_of(body)
-        params, prompts = prepare(model, _handle_body(body, stream=True))
-    except ApiError as err:
-        raise RequestError.from_api_error(err) from None
+    model, params, prompts = await _prepare_handle(ingress, body, stream=True)
     async for batch in model.shaper.options(stream=True).frames.remote(params, prompts):
         for frame in batch:
             error = frame.get("error")
