@@ -145,7 +145,6 @@ ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml
           "time")
 SAMPLING = "sampling defaults other than --temp and --seed are not taken: send them per request"
 LOGS = "logs are Ray's (the session's log folder, RAY_SERVE_* logging settings)"
-LATER = "not supported by mlxray yet (issue #{})"
 
 REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--chat-template",), "LLAMA_ARG_CHAT_TEMPLATE", TEMPLATE),
