@@ -44,7 +44,8 @@ class ModelEndpoint:
             n_vocab=vocab.n_vocab,
             eog_ids=tuple(sorted(vocab.eog_ids)),
         )
-        self.chat = ChatTemplate(vocab.hf)
+        self.chat = ChatTemplate(vocab.hf, args.chat_template())
+        self.special_token = lambda text: _special_token(vocab, text)
         self._ready = False
         self._model_info: dict | None = None
 
@@ -64,6 +65,12 @@ class ModelEndpoint:
         if self._model_info is None:
             self._model_info = await self.replica.model_info.remote()
         return self._model_info
+
+
+def _special_token(vocab: Vocab, text: str) -> int | None:
+    """The id of ``text`` when it is one special token of the vocabulary."""
+    ids = vocab.tokenize(text, add_special=False)
+    return ids[0] if len(ids) == 1 and ids[0] in vocab.special_ids else None
 
 
 ModelStack = tuple[DeploymentHandle, DeploymentHandle, GraphArgs]

@@ -1,11 +1,14 @@
-"""The model's own chat template (the tokenizer's Jinja ``chat_template``), rendered as the
-reference renders it with ``--jinja``; ChatML when the model has none, as llama.cpp falls back."""
+"""The model's own chat template (the tokenizer's Jinja ``chat_template``, or a template file
+named in the config, as llama-server's ``--chat-template-file``), rendered as the reference
+renders it with ``--jinja``; ChatML when the model has none, as llama.cpp falls back."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import invalid
+from .tools.syntax import detect_format
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
@@ -14,16 +17,23 @@ CHATML = (
 )
 
 
+# A template that reads a tool call's arguments as an object (tojson, items()) gets objects.
+_OBJECT_ARGUMENTS = re.compile(r"arguments['\"]?\]?\s*(\|\s*tojson|\|\s*items|\.items\(\))")
+
+
 class ChatTemplate:
-    def __init__(self, hf_tokenizer: Any):
+    def __init__(self, hf_tokenizer: Any, source: str | None = None):
         self.hf = hf_tokenizer
-        self.source: str = getattr(hf_tokenizer, "chat_template", None) or CHATML
+        self.source: str = source or getattr(hf_tokenizer, "chat_template", None) or CHATML
+        self.format = detect_format(self.source)  # its tool-call format (deployments/tools)
+        self.thinks = "<think>" in self.source  # it renders <think> reasoning
+        self.object_arguments = bool(_OBJECT_ARGUMENTS.search(self.source))
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               extra: dict | None = None) -> str:
+               extra: dict | None = None, tools: list[dict] | None = None) -> str:
         try:
             return self.hf.apply_chat_template(
-                messages, chat_template=self.source, tokenize=False,
+                messages, chat_template=self.source, tokenize=False, tools=tools or None,
                 add_generation_prompt=add_generation_prompt, **(extra or {}),
             )
         except Exception as exc:  # noqa: BLE001 - a template that refuses the conversation
@@ -33,7 +43,7 @@ class ChatTemplate:
         """chat_template_caps, found by rendering probes as llama.cpp's minja does."""
         probe = "mlxray-probe-text"
         return {
-            "supports_object_arguments": False,
+            "supports_object_arguments": self.object_arguments,
             "supports_parallel_tool_calls": "tool_calls" in self.source,
             "supports_preserve_reasoning": "reasoning_content" in self.source,
             "supports_reasoning_effort": "reasoning_effort" in self.source,

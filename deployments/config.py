@@ -36,6 +36,10 @@ class GraphArgs(BaseModel):
 
     model: str = Field(DEFAULT_MODEL, description="local model folder (or a Hugging Face id)")
     alias: str | None = Field(None, description="model name in responses (llama-server --alias)")
+    chat_template_file: str | None = Field(
+        None, description="a Jinja chat template file used instead of the model's own "
+                          "(llama-server --chat-template-file); relative to the working "
+                          "directory or the repository")
     n_parallel: int = Field(4, ge=1, le=256, description="slots (llama-server -np)")
     n_ctx: int = Field(2048, ge=8, description="context tokens per slot")
     n_batch: int = Field(512, ge=1, description="prefill chunk in tokens (llama-server -b)")
@@ -92,6 +96,8 @@ class GraphArgs(BaseModel):
         looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
         if looks_local and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
+        if self.chat_template_file is not None and self.chat_template() is None:
+            raise ValueError(f"chat template file not found: {self.chat_template_file}")
         self.model_configs()
         return self
 
@@ -117,6 +123,15 @@ class GraphArgs(BaseModel):
             if candidate.is_dir():
                 return str(candidate.resolve())
         return self.model
+
+    def chat_template(self) -> str | None:
+        """The text of ``chat_template_file`` (None when it names no file)."""
+        if self.chat_template_file is None:
+            return None
+        for candidate in (Path(self.chat_template_file), REPO_ROOT / self.chat_template_file):
+            if candidate.is_file():
+                return candidate.read_text()
+        return None
 
     @property
     def gather(self) -> Gather:

@@ -12,6 +12,16 @@ from typing import Any
 
 from .errors import invalid
 from .schema import json_type
+from .tools.messages import template_message
+from .tools.request import (
+    chat_syntax,
+    check_fields,
+    constrain,
+    generation_prompt,
+    read_tools,
+    template_kwargs,
+)
+from .tools.syntax import ChatSyntax
 
 _ALNUM = string.ascii_letters + string.digits
 # OpenAI request fields with no meaning here: refused by name (the reference refuses these too).
@@ -34,14 +44,15 @@ def completion_body(body: dict) -> dict:
     return dict(body)
 
 
-def chat_body(body: dict, render) -> dict:
-    """/v1/chat/completions: the native body with the rendered prompt. ``render(messages,
-    add_generation_prompt, extra)`` applies the template."""
+def chat_body(body: dict, model) -> tuple[dict, ChatSyntax]:
+    """/v1/chat/completions: the native body with the rendered prompt, and how the output is
+    parsed. ``model`` is the ModelEndpoint (its chat template, vocabulary and defaults)."""
     native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
-    native["prompt"] = chat_prompt(body, render)
-    # the reference sets these from the template's tool-call grammar (none, Content-only),
-    # over whatever the client sent: a grammar sent here is never lazy
-    native.update(grammar_lazy=False, grammar_triggers=[], preserved_tokens=[])
+    request = read_tools(body)
+    check_fields(body, request)
+    extra = template_kwargs(body)
+    prompt, tail = chat_prompt(body, model.chat, request.tools, extra)
+    native["prompt"] = prompt
     if body.get("logprobs") is True:
         top = body.get("top_logprobs")
         native["n_probs"] = 20 if top is None else top
@@ -51,14 +62,16 @@ def chat_body(body: dict, render) -> dict:
         raise invalid(f"Field 'logprobs': [json.exception.type_error.302] type must be boolean, "
                       f"but is {json_type(body['logprobs'])}")
     _check_response_format(body.get("response_format"), native)
-    tools = body.get("tools")
-    if tools:
-        raise invalid("Field 'tools': not supported by mlxray yet (the chat template is rendered "
-                      "Content-only; tool calls are not parsed)")
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise invalid("Field 'tool_choice': not supported by mlxray yet")
-    return native
+    reasoning_format = body.get("reasoning_format", model.defaults.reasoning_format)
+    syntax = chat_syntax(model.chat, request, reasoning_format if isinstance(
+        reasoning_format, str) else "deepseek", "json_schema" in native, tail)
+    constrain(native, syntax, request, model.special_token)
+    if model.chat.thinks:  # the template's reasoning tags, over the client's
+        native.update(reasoning_budget_start_tag=syntax.think_start,
+                      reasoning_budget_end_tags=[syntax.think_end])
+        if "json_schema" not in native:
+            native["generation_prompt"] = tail
+    return native, syntax
 
 
 def _check_response_format(fmt: Any, native: dict) -> None:
@@ -77,27 +90,34 @@ def _check_response_format(fmt: Any, native: dict) -> None:
                       f"{kind}")
 
 
-def chat_prompt(body: dict, render) -> str:
-    """The templated prompt of a chat body; a final assistant message is continued (prefill)."""
+def chat_prompt(body: dict, chat, tools: list[dict] | None = None,
+                extra: dict | None = None) -> tuple[str, str]:
+    """The templated prompt of a chat body (a final assistant message is continued: prefill)
+    and its generation prompt (what add_generation_prompt added, for a thinking template)."""
     if "messages" not in body:
         raise invalid("[json.exception.out_of_range.403] key 'messages' not found")
-    messages = parse_messages(body["messages"])
+    messages = parse_messages(body["messages"], chat.object_arguments)
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise invalid("Field 'add_generation_prompt': [json.exception.type_error.302] type must "
                       f"be boolean, but is {json_type(add_generation_prompt)}")
-    extra = body.get("chat_template_kwargs") or {}
-    if not isinstance(extra, dict):
-        raise invalid("\"chat_template_kwargs\" must be an object")
+    if extra is None:
+        extra = template_kwargs(body)
     if messages and messages[-1]["role"] == "assistant" and add_generation_prompt:
         if len(messages) > 1 and messages[-2]["role"] == "assistant":
             raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
-        return render(messages[:-1], True, extra) + messages[-1]["content"]
-    return render(messages, add_generation_prompt, extra)
+        prompt = chat.render(messages[:-1], True, extra, tools) + messages[-1]["content"]
+        return prompt, ""
+    prompt = chat.render(messages, add_generation_prompt, extra, tools)
+    tail = ""
+    if chat.thinks and add_generation_prompt:
+        tail = generation_prompt(chat.render, messages, extra, tools)
+    return prompt, tail
 
 
-def parse_messages(messages: Any) -> list[dict]:
-    """OpenAI messages as the template sees them: typed text parts joined by newlines."""
+def parse_messages(messages: Any, object_arguments: bool = False) -> list[dict]:
+    """OpenAI messages as the template sees them: typed text parts joined by newlines, tool
+    calls with their arguments as the template reads them (deployments/tools/messages.py)."""
     if not isinstance(messages, list):
         raise invalid(f"Expected 'messages' to be an array, got {json_type(messages)}")
     out = []
@@ -111,7 +131,8 @@ def parse_messages(messages: Any) -> list[dict]:
         if content is None and "tool_calls" not in message:
             raise invalid("Expected 'content' or 'tool_calls' "
                           "(ref: https://github.com/ggml-org/llama.cpp/issues/8367)")
-        out.append({**message, "role": role, "content": _text(content)})
+        out.append(template_message({**message, "role": role, "content": _text(content)},
+                                    object_arguments))
     return out
 
 

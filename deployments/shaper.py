@@ -24,6 +24,7 @@ from .shapes import (
     sse,
 )
 from .streams import close, coalesce, concat_lists
+from .tools.stream import ToolChatShape
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -46,7 +47,8 @@ class ResponseShaper:
         if oai is None:
             return NativeShape(params, self.model_name)
         if oai.object == "chat.completion":
-            return OaiChatShape(params, oai)
+            active = oai.chat is not None and oai.chat.active
+            return ToolChatShape(params, oai) if active else OaiChatShape(params, oai)
         return OaiCompletionShape(params, oai)
 
     async def result(self, params: CompletionParams, prompts: list[list[int]],
@@ -64,6 +66,8 @@ class ResponseShaper:
                         return err.code, err.body()
                     if isinstance(ev, FinalEvent):
                         results[ev.index] = shape.final(ev, stream=False)[0]
+        except ApiError as err:  # output the chat format's parser refuses
+            return err.code, err.body()
         except Exception as exc:  # the replica died or failed: an envelope, never a hang
             err = from_failure(exc)
             return err.code, err.body()
@@ -128,25 +132,18 @@ class ResponseShaper:
         try:
             async for batch in events:
                 chunks: list[bytes] = []
-                for ev in batch:
-                    if isinstance(ev, StartEvent):
-                        started = True
-                        chunks.append(start_marker(ev.index, params))
-                    elif isinstance(ev, TokenEvent):
-                        chunks += [sse(f) for f in shape.token(ev)]
-                    elif isinstance(ev, ProgressEvent):
-                        chunks += [sse(f) for f in shape.progress(ev)]
-                    elif isinstance(ev, FinalEvent):
-                        chunks += [sse(f) for f in shape.final(ev, stream=True)]
-                    elif isinstance(ev, ErrorEvent):
-                        ended = True  # the replica ends a request at its first error
-                        err = _error(ev)
-                        if not started and not chunks:
-                            yield err.code, dumps(err.body())
-                            return
-                        chunks.append(sse(err.body()))
-                        yield b"".join(chunks)
+                try:
+                    error = self._shape_batch(shape, params, batch, chunks)
+                except ApiError as err:  # output the chat format's parser refuses: no [DONE]
+                    error = err
+                if error is not None:
+                    ended = True  # the replica ends a request at its first error
+                    if not started and not chunks:
+                        yield error.code, dumps(error.body())
                         return
+                    chunks.append(sse(error.body()))
+                    yield b"".join(chunks)
+                    return
                 if chunks:
                     started = True
                     yield b"".join(chunks)
@@ -156,6 +153,23 @@ class ResponseShaper:
                 await close(events)
         if oai is not None:
             yield SSE_DONE
+
+    @staticmethod
+    def _shape_batch(shape, params: CompletionParams, batch: list,
+                     chunks: list[bytes]) -> ApiError | None:
+        """One batch of events as SSE chunks (appended); the error that ends the stream."""
+        for ev in batch:
+            if isinstance(ev, StartEvent):
+                chunks.append(start_marker(ev.index, params))
+            elif isinstance(ev, TokenEvent):
+                chunks += [sse(f) for f in shape.token(ev)]
+            elif isinstance(ev, ProgressEvent):
+                chunks += [sse(f) for f in shape.progress(ev)]
+            elif isinstance(ev, FinalEvent):
+                chunks += [sse(f) for f in shape.final(ev, stream=True)]
+            elif isinstance(ev, ErrorEvent):
+                return _error(ev)
+        return None
 
 
 def start_marker(index: int, p: CompletionParams) -> bytes:

@@ -243,6 +243,7 @@ class OaiContext:
     system_fingerprint: str
     include_usage: bool = False
     verbose: bool = False
+    chat: Any = None  # the chat request's ChatSyntax (deployments/tools): its output is parsed
 
 
 def oai_usage(ev: FinalEvent, details: bool = True) -> dict:
@@ -322,16 +323,22 @@ class OaiChatShape(OaiCompletionShape):
 
     def final(self, ev: FinalEvent, stream: bool) -> list[dict]:
         if stream:
-            return self._final_chunks(ev)
-        choice: dict[str, Any] = {"finish_reason": finish_reason(ev), "index": ev.index,
-                                  "message": {"role": "assistant", "content": ev.content}}
+            return self._final_chunks(ev, finish_reason(ev))
+        message = {"role": "assistant", "content": ev.content}
+        return [self._answer(ev, self._choice(ev, finish_reason(ev), message), stream)]
+
+    def _choice(self, ev: FinalEvent, finish: str, message: dict) -> dict[str, Any]:
+        choice: dict[str, Any] = {"finish_reason": finish, "index": ev.index, "message": message}
         logprobs = _oai_logprobs(ev.probs, self.p)
         if logprobs is not None:
             choice["logprobs"] = logprobs
-        return [self._answer(ev, choice, stream)]
+        return choice
 
-    def _final_chunks(self, ev: FinalEvent) -> list[dict]:
-        frames = [_envelope(self.ctx, [{"finish_reason": finish_reason(ev), "index": ev.index,
+    def _probs(self, probs: list[TokenProbs]) -> list[dict]:
+        return [_probs_json(x, self.p.post_sampling_probs) for x in probs]
+
+    def _final_chunks(self, ev: FinalEvent, finish: str) -> list[dict]:
+        frames = [_envelope(self.ctx, [{"finish_reason": finish, "index": ev.index,
                                         "delta": {}}], chunk=True)]
         if self.ctx.include_usage:
             usage = _envelope(self.ctx, [], chunk=True)

@@ -53,6 +53,12 @@ def to_lark(grammar: str) -> str:
 def json_schema_grammar(schema: Any) -> str:
     """A JSON schema as a grammar string (Lark with an inline ``%json``); raises GrammarError
     when llguidance cannot compile the schema."""
+    return f"{LARK_PREFIX} {{}}\nstart: {json_lark(schema)}\n"
+
+
+def json_lark(schema: Any) -> str:
+    """``%json <schema>``, a Lark rule body (llama.cpp's conventions applied to the schema);
+    raises GrammarError when llguidance cannot compile the schema."""
     if not isinstance(schema, dict):
         raise GrammarError(f"Unrecognized schema: {json.dumps(schema)}")
     normalized = _close_objects(schema)
@@ -62,8 +68,7 @@ def json_schema_grammar(schema: Any) -> str:
         llguidance.LLMatcher.grammar_from_json_schema(normalized))
     if error:
         raise GrammarError(error)
-    body = json.dumps(normalized, ensure_ascii=False, separators=(",", ":"))
-    return f"{LARK_PREFIX} {{}}\nstart: %json {body}\n"
+    return "%json " + json.dumps(normalized, ensure_ascii=False, separators=(",", ":"))
 
 
 def _close_objects(node: Any) -> Any:

@@ -16,18 +16,22 @@ from ..errors import invalid
 from ..oai import chat_body, chat_prompt, completion_body, completion_id
 from ..schema import CompletionParams, json_type
 from ..shapes import OaiContext
+from ..tools.request import read_tools
+from ..tools.syntax import ChatSyntax
 from . import native
 
 
-def _context(model: ModelEndpoint, kind: str, params: CompletionParams) -> OaiContext:
+def _context(model: ModelEndpoint, kind: str, params: CompletionParams,
+             chat: ChatSyntax | None) -> OaiContext:
     return OaiContext(object=kind, id=completion_id(), created=int(time.time()),
                       model=model.name, system_fingerprint=BUILD_INFO,
-                      include_usage=params.include_usage, verbose=params.verbose)
+                      include_usage=params.include_usage, verbose=params.verbose, chat=chat)
 
 
-async def _answer(model: ModelEndpoint, native_body: dict, kind: str) -> Response:
+async def _answer(model: ModelEndpoint, native_body: dict, kind: str,
+                  chat: ChatSyntax | None = None) -> Response:
     params, prompts = native.prepare(model, native_body)
-    oai = _context(model, kind, params)
+    oai = _context(model, kind, params, chat)
     if params.stream:
         return await native.stream(model, params, prompts, oai)
     status, payload = await model.shaper.complete.remote(params, prompts, oai)
@@ -51,14 +55,15 @@ async def chat_completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
-    return await _answer(model, chat_body(body, model.chat.render), "chat.completion")
+    native_body, syntax = chat_body(body, model)
+    return await _answer(model, native_body, "chat.completion", syntax)
 
 
 async def apply_template(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    return json_response({"prompt": chat_body(body, model.chat.render)["prompt"]})
+    return json_response({"prompt": chat_body(body, model)[0]["prompt"]})
 
 
 async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
@@ -66,5 +71,5 @@ async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    prompt = chat_prompt(body, model.chat.render)
+    prompt, _ = chat_prompt(body, model.chat, read_tools(body).tools)
     return json_response({"input_tokens": len(model.vocab.tokenize_prompt(prompt))})
