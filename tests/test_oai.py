@@ -142,10 +142,16 @@ def test_request_errors(client, path, body, message):
                                   "type": "invalid_request_error"}}
 
 
-def test_tools_are_refused_by_name(client):
+def test_tools_on_a_template_without_tool_calls_are_plain_content(client):
+    """The model's own ChatML template renders no tools: as the reference, the tools are
+    ignored (even required is not enforced) and the output is content (spec §5)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    r = client.post("/v1/chat/completions", json={"messages": HELLO, "tools": tools})
-    assert r.status_code == 400 and "'tools'" in r.json()["error"]["message"]
+    body = {"messages": HELLO, "max_tokens": 4, **GREEDY}
+    plain = client.post("/v1/chat/completions", json=body).json()
+    r = client.post("/v1/chat/completions", json={**body, "tools": tools,
+                                                  "tool_choice": "required"})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"] == plain["choices"][0]["message"]
 
 
 def test_verbose_and_timings_per_token(client):

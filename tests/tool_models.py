@@ -28,6 +28,15 @@ WEATHER = {"type": "function", "function": {
         "required": ["location"]}}}
 
 
+# the README's tool: the model picks the city and the unit
+CITIES = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}
+
+
 def forced(tool: dict, **values: str) -> dict:
     """``tool`` whose arguments can only be ``values`` (enums of one, all required), so a
     grammar-constrained call is fully determined."""

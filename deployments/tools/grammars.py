@@ -185,7 +185,7 @@ def tool_constraint(syntax: ChatSyntax, tools: list[dict], lazy: bool, parallel:
     markers = MARKERS.get(fmt, ()) + ((syntax.think_start, syntax.think_end)
                                       if syntax.thinks else ())
     words = triggers(fmt, tools)
-    if not tools or (lazy and not words):
+    if not tools or fmt not in MARKERS or (lazy and not words):
         return Constraint(preserved=list(markers))
     lark = _Lark(markers, special)
     rules = _call_rules(fmt, lark, tools, parallel)

@@ -42,11 +42,25 @@ def parse(text: str, syntax: ChatSyntax, partial: bool, hold: bool | None = None
     if syntax.format == GPT_OSS:
         return _harmony(text, syntax, partial, hold)
     reasoning, rest = split_reasoning(text, syntax, partial, hold)
+    if syntax.json_only and not partial:
+        _check_json(rest)
     if not syntax.parse_tools or syntax.format not in FORMATS:
         return ChatMessage(rest, reasoning)
     triggers, read = FORMATS[syntax.format]
     content, calls = _content_then_calls(rest, syntax, partial, hold, triggers, read)
     return ChatMessage(content, reasoning, calls)
+
+
+def _check_json(text: str) -> None:
+    """With a response schema and tools, the content is the schema's JSON, optionally fenced;
+    anything else (a tool call) fails as in the reference."""
+    body = text.strip()
+    if body.startswith("```json") and body.endswith("```"):
+        body = body[7:-3]
+    try:
+        json.loads(body)
+    except ValueError:
+        raise ParseFailure() from None
 
 
 def split_reasoning(text: str, syntax: ChatSyntax, partial: bool,
@@ -93,7 +107,7 @@ def _content_then_calls(text: str, syntax: ChatSyntax, partial: bool, hold: bool
 def _json_call(cur: Cursor, syntax: ChatSyntax, calls: Calls, args_keys: tuple[str, ...],
                with_id: bool = False) -> ToolCall:
     """``{"name": N, "arguments": {...}`` (key order as the reference requires), the call
-    listed once its name is complete; ``with_id``: then ``, "id": "..."``, and the call is
+    listed once its name and the comma after it are there; ``with_id``: then ``, "id": "..."``, and the call is
     listed only once its id is read. Leaves the cursor before the closing brace."""
     cur.expect("{")
     cur.ws()
@@ -106,10 +120,10 @@ def _json_call(cur: Cursor, syntax: ChatSyntax, calls: Calls, args_keys: tuple[s
     if syntax.tool(name) is None:
         raise Mismatch
     call = ToolCall(name, "{")
+    cur.ws()
+    cur.expect(",")  # the reference lists the call once the comma after its name came
     if not with_id:
         calls.append(call)
-    cur.ws()
-    cur.expect(",")
     cur.ws()
     if cur.string() not in args_keys:
         raise Mismatch

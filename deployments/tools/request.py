@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ApiError, invalid
 from ..schema import json_type
 from .grammars import SpecialToken, tool_constraint
-from .syntax import DEEPSEEK_R1, GPT_OSS, ChatSyntax
+from .syntax import CONTENT, DEEPSEEK_R1, GPT_OSS, ChatSyntax
 
 CHOICES = ("auto", "none", "required")
 
@@ -67,7 +67,7 @@ def _dump(value: Any) -> str:
 def read_tools(body: dict) -> ToolRequest:
     raw = body.get("tools")
     tools = raw if raw is not None and raw != [] else []
-    declared = parse_tools(tools) if tools else []
+    declared = parse_tools(tools) if raw is not None and raw != [] else []
     choice, named = _tool_choice(body.get("tool_choice", "auto"), declared)
     parallel = body.get("parallel_tool_calls", True)
     return ToolRequest(tools, declared, choice, named,
@@ -134,14 +134,15 @@ def generation_prompt(render, messages: list[dict], extra: dict, tools: list[dic
 
 def chat_syntax(template, request: ToolRequest, reasoning_format: str, json_schema: bool,
                 prompt_tail: str) -> ChatSyntax:
-    fmt = template.format if request.declared else (
-        template.format if template.format == GPT_OSS else "content")
+    fmt = template.format if request.declared or template.format == GPT_OSS else CONTENT
     reasoning = template.thinks and reasoning_format != "none"
     start, end = "<think>", "</think>"
     opened = prompt_tail.rfind(start) > prompt_tail.rfind(end)
     return ChatSyntax(
         format=fmt, tools=tuple(request.declared),
-        parse_tools=bool(request.declared) and request.choice != "none" and not json_schema,
+        parse_tools=(bool(request.declared) and request.choice != "none" and not json_schema
+                     and fmt != CONTENT),
+        json_only=bool(request.declared) and request.choice != "none" and json_schema,
         thinks=template.thinks,
         reasoning=reasoning or (fmt == GPT_OSS and reasoning_format != "none"),
         think_start=start, think_end=end, in_reasoning=reasoning and opened,

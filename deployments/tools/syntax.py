@@ -47,6 +47,7 @@ class ChatSyntax:
     format: str = CONTENT
     tools: tuple[dict, ...] = ()  # {"name", "parameters"} of each declared tool
     parse_tools: bool = False  # tools given, tool_choice not "none", no response schema
+    json_only: bool = False  # a response schema won over the tools: the content is its JSON
     thinks: bool = False  # the template renders reasoning tags (they are preserved tokens)
     reasoning: bool = False  # split reasoning out (a thinking template, reasoning_format != none)
     think_start: str = "<think>"
@@ -57,7 +58,7 @@ class ChatSyntax:
     @property
     def active(self) -> bool:
         """Whether the output is parsed at all (else it is plain content, unchanged)."""
-        return self.parse_tools or self.reasoning
+        return self.parse_tools or self.reasoning or self.json_only or self.format == GPT_OSS
 
     def tool(self, name: str) -> dict | None:
         return next((t for t in self.tools if t["name"] == name), None)
