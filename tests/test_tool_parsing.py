@@ -217,8 +217,9 @@ def test_t10_other_formats():
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"location": "Paris"}'
     with pytest.raises(ApiError):  # Llama: a { in prose is a call that does not parse
         message(syntax(LLAMA3), 'Here is JSON: {"a": 1}')
-    r1 = ('\nThinking\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>'
-          'get_weather\n```json\n{"location": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    r1 = ('\nThinking\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'
+          'function<｜tool▁sep｜>get_weather\n```json\n{"location": "Paris"}\n```'
+          '<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
     msg, _ = message(syntax(DEEPSEEK_R1, reasoning=True, in_reasoning=True, trim=False), r1)
     assert (msg["reasoning_content"], msg["content"]) == ("\nThinking\n", "\n\n")
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"location": "Paris"}'

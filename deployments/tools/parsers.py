@@ -107,8 +107,9 @@ def _content_then_calls(text: str, syntax: ChatSyntax, partial: bool, hold: bool
 def _json_call(cur: Cursor, syntax: ChatSyntax, calls: Calls, args_keys: tuple[str, ...],
                with_id: bool = False) -> ToolCall:
     """``{"name": N, "arguments": {...}`` (key order as the reference requires), the call
-    listed once its name and the comma after it are there; ``with_id``: then ``, "id": "..."``, and the call is
-    listed only once its id is read. Leaves the cursor before the closing brace."""
+    listed once its name and the comma after it are there; ``with_id``: then
+    ``, "id": "..."``, and the call is listed only once its id is read. Leaves the cursor
+    before the closing brace."""
     cur.expect("{")
     cur.ws()
     if cur.string() != "name":
