@@ -1,11 +1,12 @@
 """``python -m compat.check [--fix] [FOLDER]``: validate the manifest; exit 1 naming each bad entry.
 
-Checks the entry schema (routes, fields and command-line options), the state rules of the
-inventory (supported: a claim and a test, no divergence; aliased: the name it maps to and a test;
-not_applicable: notes, the diagnostic as its claim and a test; by_design: a divergence, a rationale
-and a test; deferred: an open issue, no claim), unique ids, the counts of pin.json, that every
-``test`` pointer names an existing test function (test files are parsed, never imported) and that
-every shard is in canonical form.
+Checks the entry schema (routes, fields, command-line options and mlxray's own additions), the
+state rules (supported: a claim and a test, and any divergence listed with its rationale;
+aliased: the name it maps to and a test, no divergence; not_applicable: notes, the diagnostic as
+its claim and a test; by_design: a divergence, a rationale and a test; deferred: an open issue, no
+claim; an addition is supported or deferred and diverges from nothing), unique ids, the counts of
+pin.json, that every ``test`` pointer names an existing test function (test files are parsed,
+never imported) and that every shard is in canonical form.
 ``--fix`` rewrites the shards canonically (sorted entries, one per line) before checking.
 """
 
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .manifest import (
+    ADDITION_FACTS,
+    ADDITION_STATES,
     FIELD_FACTS,
     KEYS,
     KINDS,
@@ -27,10 +30,12 @@ from .manifest import (
     OPTION_FACTS,
     RATIONALE_KEYS,
     RATIONALE_KINDS,
+    REFERENCE_KINDS,
     REQUIRED,
     ROOT,
     ROUTE_FACTS,
     STATES,
+    SURFACES,
     Shard,
     canonical_text,
     entry_id,
@@ -115,7 +120,7 @@ def _rationale_problems(rationale: Any) -> list[str]:
 
 
 FACTS = {"route": (ROUTE_FACTS, ("method", "path")), "field": (FIELD_FACTS, ("name", "type")),
-         "option": (OPTION_FACTS, ("flags",))}
+         "option": (OPTION_FACTS, ("flags",)), "addition": (ADDITION_FACTS, ("surface", "name"))}
 
 
 def _facts_problems(kind: str, facts: dict) -> list[str]:
@@ -130,6 +135,9 @@ def _facts_problems(kind: str, facts: dict) -> list[str]:
         problems.append(f"facts method {facts.get('method')!r} is not an HTTP method")
     if kind == "option":
         problems += _spelling_problems(facts)
+    if kind == "addition" and facts.get("surface") not in SURFACES:
+        problems.append(f"facts surface {facts.get('surface')!r} is not one of "
+                        f"{', '.join(SURFACES)}")
     return problems
 
 
@@ -148,20 +156,30 @@ def _spelling_problems(facts: dict) -> list[str]:
     return problems
 
 
+# the inventory's rules for each state: (key, needed) pairs
+RULES = {
+    "supported": [("claim", True), ("test", True)],
+    "aliased": [("claim", True), ("test", True), ("divergence", False)],
+    "not_applicable": [("notes", True), ("claim", True), ("test", True)],
+    "by_design": [("divergence", True), ("rationale", True), ("test", True)],
+    "deferred": [("issue", True), ("claim", False)],
+}
+
+
 def state_problems(entry: dict, open_issues: list[int]) -> list[str]:
-    """The inventory's rules for each state."""
+    """The state rules; a recorded divergence always comes with its rationale."""
     state = entry.get("state")
     has = {k: bool(entry.get(k)) for k in KEYS}
-    rules = {
-        "supported": [("claim", True), ("test", True), ("divergence", False),
-                      ("rationale", False)],
-        "aliased": [("claim", True), ("test", True), ("divergence", False)],
-        "not_applicable": [("notes", True), ("claim", True), ("test", True)],
-        "by_design": [("divergence", True), ("rationale", True), ("test", True)],
-        "deferred": [("issue", True), ("claim", False)],
-    }.get(state, [])
     problems = [f"{state} entry {'needs' if need else 'must not have'} {key!r}"
-                for key, need in rules if has[key] != need]
+                for key, need in RULES.get(state, []) if has[key] != need]
+    if has["divergence"] != has["rationale"]:
+        problems.append("a divergence needs its rationale, and a rationale its divergence")
+    if entry.get("kind") == "addition":
+        if state not in ADDITION_STATES:
+            problems.append(f"an addition is {' or '.join(ADDITION_STATES)}, not {state}")
+        if has["divergence"]:
+            problems.append("an addition has no reference to diverge from: say what it does "
+                            "in 'notes'")
     if state != "deferred" and entry.get("issue") is not None:
         problems.append(f"{state} entry must not have 'issue' (only deferred entries do)")
     issue = entry.get("issue")
@@ -180,8 +198,8 @@ def pin_problems(pin: dict) -> list[str]:
         if key not in pin:
             problems.append(f"pin.json: missing {key!r}")
     counts = pin.get("counts", {})
-    if not isinstance(counts, dict) or set(counts) != set(KINDS):
-        problems.append(f"pin.json: 'counts' must give {', '.join(KINDS)}")
+    if not isinstance(counts, dict) or set(counts) != set(REFERENCE_KINDS):
+        problems.append(f"pin.json: 'counts' must give {', '.join(REFERENCE_KINDS)}")
     return problems
 
 

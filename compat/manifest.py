@@ -18,7 +18,9 @@ DOC = ROOT / "docs" / "llama-server-compat.md"
 README = ROOT / "README.md"
 
 STATES = ("supported", "aliased", "not_applicable", "by_design", "deferred")
-KINDS = ("route", "field", "option")
+# the reference's surface (pin.json counts these), then mlxray's own additions (additions.json)
+REFERENCE_KINDS = ("route", "field", "option")
+KINDS = (*REFERENCE_KINDS, "addition")
 # every key an entry may carry, in canonical order; the first four are required
 KEYS = ("id", "kind", "state", "facts", "claim", "test", "issue", "divergence", "rationale",
         "notes")
@@ -28,6 +30,11 @@ FIELD_FACTS = {"name": str, "type": str, "aliases": list, "parent": str, "exampl
 # a command-line option: its spellings, the --no-X spellings of a boolean one, its LLAMA_ARG_*
 # variable, its value's placeholder (none for a switch) and a non-default value the tests pass
 OPTION_FACTS = {"flags": list, "negative": list, "env": str, "value": str, "example": str}
+# an addition: where it shows (a route, a request field, a command-line option, a config key, a
+# method of the Python handle, or behaviour beyond the reference's) and its name there
+ADDITION_FACTS = {"surface": str, "name": str}
+SURFACES = ("route", "field", "option", "config", "handle", "behaviour")
+ADDITION_STATES = ("supported", "deferred")
 RATIONALE_KINDS = ("architectural", "policy")
 RATIONALE_KEYS = ("kind", "reason", "revisit")
 
@@ -42,7 +49,10 @@ class Shard:
 
 def entry_id(kind: str, facts: dict[str, Any]) -> str:
     """The id facts imply: ``route:POST /completion``, ``field:stream_options.include_usage``,
-    ``option:--ctx-size`` (an option's first long spelling, else its first)."""
+    ``option:--ctx-size`` (an option's first long spelling, else its first),
+    ``addition:option:--dump-config``."""
+    if kind == "addition":
+        return f"addition:{facts.get('surface')}:{facts.get('name')}"
     if kind == "route":
         return f"route:{facts.get('method')} {facts.get('path')}"
     if kind == "option":
@@ -97,7 +107,7 @@ def canonical_text(shard: Shard) -> str:
 
 
 def counts_by_state(items: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """{kind: {state: n}} over every kind and state, zeros included."""
+    """{kind: {state: n}} over every kind and state, zeros included (additions too)."""
     out = {kind: dict.fromkeys(STATES, 0) for kind in KINDS}
     for e in items:
         if e.get("kind") in out and e.get("state") in STATES:

@@ -1,7 +1,7 @@
 """The compat manifest bound to the running code: its routes to the ingress's FastAPI app, its
 fields to the request schema and to what the real route answers, its command-line options to the
-``mlxray`` command's parser; ``compat.check`` failing on each kind of broken entry; the rendered
-docs up to date."""
+``mlxray`` command's parser, mlxray's own additions to the code that provides them;
+``compat.check`` failing on each kind of broken entry; the rendered docs up to date."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from fastapi.routing import APIRoute
 from compat import check, render
 from compat.manifest import (
     MANIFEST,
+    REFERENCE_KINDS,
     ROOT,
     canonical_text,
     entries,
@@ -93,7 +94,8 @@ def with_example(entry: dict, body: dict) -> dict:
 # ---- the manifest itself -----------------------------------------------------------------
 def test_manifest_is_valid():
     assert check.check() == []
-    assert len(ENTRIES) == sum(load_pin()["counts"].values()) == 53 + 74 + 72
+    reference = [e for e in ENTRIES if e["kind"] in REFERENCE_KINDS]
+    assert len(reference) == sum(load_pin()["counts"].values()) == 53 + 74 + 72
 
 
 def test_shards_are_canonical():
@@ -112,16 +114,44 @@ def test_claimed_route_is_mounted(entry):
     assert entry["claim"] in mounted_routes()
 
 
-@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and "claim" not in e))
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and "claim" not in e
+                                         and e["state"] != "deferred"))
 def test_unclaimed_route_is_not_mounted(entry):
+    assert route_key(entry) not in mounted_routes()
+
+
+def route_key(entry: dict) -> str:
+    """A route entry's ``METHOD /path`` as FastAPI mounts it."""
     facts = entry["facts"]
-    path = fastapi_path(CONCRETE.get(facts["path"], facts["path"]))
-    assert f"{facts['method']} {path}" not in mounted_routes()
+    return f"{facts['method']} {fastapi_path(CONCRETE.get(facts['path'], facts['path']))}"
 
 
 def test_every_mounted_route_is_claimed():
+    """Each mounted route is a served one's claim, an addition's, or a deferred route answering
+    501 until its issue lands."""
     claims = {e.get("claim") for e in ENTRIES if e["kind"] == "route"}
+    claims |= {e.get("claim") for e in ENTRIES if e["kind"] == "addition"
+               and e["facts"]["surface"] == "route"}
+    claims |= {route_key(e) for e in ENTRIES if e["kind"] == "route" and e["state"] == "deferred"}
     assert mounted_routes() - claims == set()
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and
+                                         e["state"] == "deferred"))
+def test_deferred_route_names_its_issue(client, entry):
+    """Work not built yet is refused saying so: a mounted route answers 501 naming the issue
+    that builds it, an unmounted one the 404 of an unknown route."""
+    facts = entry["facts"]
+    r = client.request(facts["method"], CONCRETE.get(facts["path"], facts["path"]),
+                       content=b"{}" if facts["method"] == "POST" else None)
+    if route_key(entry) not in mounted_routes():
+        assert (r.status_code, r.json()) == (404, {"error": {
+            "code": 404, "message": "File Not Found", "type": "not_found_error"}})
+        return
+    assert r.status_code == 501
+    error = r.json()["error"]
+    assert error["type"] == "not_supported_error"
+    assert f"not supported by mlxray yet (issue #{entry['issue']})" in error["message"]
 
 
 @pytest.mark.parametrize("entry", params(checked_by("test_unserved_route_answers_404")))
@@ -134,14 +164,32 @@ def test_unserved_route_answers_404(client, entry):
                                   "type": "not_found_error"}}
 
 
-@pytest.mark.parametrize(
-    "entry", params(checked_by("test_body_not_json_is_400_on_every_post_route")))
+def cites(capture: str) -> Callable[[dict], bool]:
+    return lambda e: any(capture in d for d in e.get("divergence", []))
+
+
+@pytest.mark.parametrize("entry", params(cites("err_bad_json")))
 def test_body_not_json_is_400_on_every_post_route(client, entry):
+    """Every route whose divergence cites the err_bad_json capture answers it so."""
     method, path = entry["claim"].split(" ", 1)
     r = client.request(method, path, content=b"{not json")
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert "parse error" in r.json()["error"]["message"]
+
+
+# served POST routes that do not parse their body as JSON (or that need a switch the conformance
+# graph leaves off, and answer 501 first)
+NO_JSON_BODY = {"POST /slots/{id_slot}", "POST /props", "POST /embedding", "POST /embeddings",
+                "POST /v1/embeddings"}
+
+
+def test_every_route_reading_json_cites_err_bad_json():
+    """The other way: each served POST route that parses a JSON body lists the divergence."""
+    citing = {e["claim"] for e in ENTRIES if cites("err_bad_json")(e)}
+    served = {e["claim"] for e in ENTRIES if e["kind"] == "route" and e["state"] == "supported"
+              and e["claim"].startswith("POST ") and e["claim"] not in NO_JSON_BODY}
+    assert served - citing == set()
 
 
 # ---- fields: the request schema and the real route -----------------------------------------
@@ -159,7 +207,9 @@ def test_supported_field_is_a_schema_field(entry):
 
 
 def test_every_schema_field_has_an_entry():
-    assert sorted(k for k in SCHEMA if f"field:{k}" not in BY_ID) == []
+    """A reference field's entry, or an addition's (a field of mlxray's own)."""
+    assert sorted(k for k in SCHEMA if f"field:{k}" not in BY_ID
+                  and f"addition:field:{k}" not in BY_ID) == []
 
 
 @pytest.mark.parametrize("spec", FIELDS, ids=schema_key)
@@ -277,8 +327,8 @@ def test_one_way_option_refuses_the_other_way(entry):
     "claim" not in e or e["state"] == "not_applicable")))
 def test_refused_option_names_itself(entry):
     """Nothing is accepted and ignored: each spelling and the variable of an option mlxray does
-    not honor stop the command at start, naming it with its reason: the manifest's diagnostic
-    (not_applicable), the issue that will do it (deferred)."""
+    not honor stop the command at start, naming it with its reason (for not_applicable, the
+    manifest's diagnostic; a deferred one keeps the command's own reason until its issue)."""
     env = entry["facts"].get("env")
     given = [(option_argv(entry, flag), {}, flag) for flag in spellings(entry)]
     given += [([], {env: "1"}, env)] if env else []
@@ -288,10 +338,9 @@ def test_refused_option_names_itself(entry):
         first, *reasons = str(refused.value).splitlines()
         assert first.startswith(f"mlxray does not honor these llama-server options: {name} ")
         reason = reasons[0].removeprefix(f"  {name}: ")
+        assert reason
         if entry["state"] == "not_applicable":
             assert reason == entry["claim"]
-        if entry["state"] == "deferred":
-            assert reason == f"not supported by mlxray yet (issue #{entry['issue']})"
 
 
 def test_every_option_the_command_knows_has_its_entry():
@@ -303,6 +352,45 @@ def test_every_option_the_command_knows_has_its_entry():
                if e.get("claim") not in HONORED]
     assert sorted(refused, key=str) == sorted(
         ((frozenset(u.flags), u.env) for u in cli.REFUSED), key=str)
+    # and every flag the parser takes is a reference option's spelling or an addition's
+    known = {f for e in options for f in spellings(e)}
+    known |= {e["claim"] for e in ENTRIES if e["kind"] == "addition" and e.get("claim")
+              and e["facts"]["surface"] == "option"}
+    assert parser_flags() - known == set()
+
+
+def parser_flags() -> set[str]:
+    return {f for action in cli.parser()._actions for f in action.option_strings} - {
+        "-h", "--help"}
+
+
+# ---- additions: mlxray's own, bound to the code that provides them ----------------------------
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "addition" and
+                                         e["state"] == "supported"))
+def test_addition_is_bound_to_the_code(entry):
+    """A route is mounted, an option is the parser's (and no reference option's), a config key
+    is a GraphArgs field, a handle method is the ingress's, a field is the schema's (and no
+    reference field's), a behaviour names the code (``module:attribute``) that provides it."""
+    import importlib
+
+    from deployments.config import GraphArgs
+    from deployments.ingress import Ingress
+
+    surface, claim = entry["facts"]["surface"], entry["claim"]
+    if surface == "route":
+        assert claim in mounted_routes()
+    elif surface == "option":
+        reference = {f for e in ENTRIES if e["kind"] == "option" for f in spellings(e)}
+        assert claim in parser_flags() and claim not in reference
+    elif surface == "config":
+        assert claim in GraphArgs.model_fields
+    elif surface == "handle":
+        assert callable(getattr(Ingress.func_or_class, claim, None))
+    elif surface == "field":
+        assert claim in SCHEMA and f"field:{claim}" not in BY_ID
+    else:
+        module, _, attribute = claim.partition(":")
+        assert getattr(importlib.import_module(module), attribute, None) is not None
 
 
 # ---- compat.check fails, naming the entry ----------------------------------------------------
@@ -328,6 +416,7 @@ def _reindent(folder: Path) -> None:
 
 
 DEFERRED = "field:reasoning_budget_tokens"  # made a deferred entry, then broken
+ADDITION = "addition:option:--dump-config"
 OPEN_ISSUE = 99  # made an open issue of the copy's pin.json
 
 
@@ -341,7 +430,9 @@ def _deferred(entry: dict, **change) -> None:
 def _edit_deferred(folder: Path, change: Callable[[dict], None]) -> None:
     """In the copy: issue OPEN_ISSUE open, DEFERRED made deferred to it, then ``change``d."""
     pin = folder / "pin.json"
-    pin.write_text(pin.read_text().replace('"open_issues": []', f'"open_issues": [{OPEN_ISSUE}]'))
+    data = json.loads(pin.read_text())
+    data["open_issues"].append(OPEN_ISSUE)
+    pin.write_text(json.dumps(data, indent=2) + "\n")
     _edit(folder, DEFERRED, change)
 
 
@@ -354,12 +445,21 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
         test="tests/test_nowhere.py::test_x")), ["field:stream", "no file tests/test_nowhere.py"]),
     "supported_without_claim": (lambda f: _edit(f, "field:stream", lambda e: e.pop("claim")),
                                 ["field:stream", "supported entry needs 'claim'"]),
-    "supported_with_divergence": (lambda f: _edit(f, "route:GET /health", lambda e: e.update(
-        divergence=["differs"])), ["route:GET /health", "must not have 'divergence'"]),
-    "by_design_without_rationale": (lambda f: _edit(f, "route:POST /completion",
+    "divergence_without_rationale": (lambda f: _edit(f, "route:GET /health", lambda e: e.update(
+        divergence=["differs"])), ["route:GET /health", "a divergence needs its rationale"]),
+    "rationale_without_divergence": (lambda f: _edit(f, "route:GET /metrics", lambda e: e.update(
+        rationale={"kind": "policy", "reason": "r", "revisit": "v"})),
+        ["route:GET /metrics", "a rationale its divergence"]),
+    "addition_not_built_or_planned": (lambda f: _edit(f, ADDITION, lambda e: e.update(
+        state="not_applicable", notes="n")), [ADDITION, "an addition is supported or deferred"]),
+    "addition_with_divergence": (lambda f: _edit(f, ADDITION, lambda e: e.update(
+        divergence=["d"], rationale={"kind": "policy", "reason": "r", "revisit": "v"})),
+        [ADDITION, "an addition has no reference to diverge from"]),
+    "addition_surface": (lambda f: _edit(f, ADDITION, lambda e: e["facts"].update(
+        surface="flag")), [ADDITION, "facts surface 'flag' is not one of"]),
+    "by_design_without_rationale": (lambda f: _edit(f, "route:POST /tools",
                                                     lambda e: e.pop("rationale")),
-                                    ["route:POST /completion",
-                                     "by_design entry needs 'rationale'"]),
+                                    ["route:POST /tools", "by_design entry needs 'rationale'"]),
     "deferred_without_issue": (lambda f: _edit_deferred(f, lambda e: (_deferred(e),
                                                                      e.pop("issue"))),
                                [DEFERRED, "deferred entry needs 'issue'"]),
@@ -401,12 +501,13 @@ def test_check_fails_naming_the_entry(tmp_path, mode):
         run.stderr)
 
 
-def test_no_capture_mlxray_differs_on_is_supported():
-    """The conformance replay's known differences: the routes they hit are not `supported`."""
+def test_known_differences_are_listed_divergences():
+    """The conformance replay's known differences: the route each one hits lists it as a
+    divergence, naming the capture."""
     from .test_conformance import CAPTURE_LIST, KNOWN_DIFFERENCES
 
     for capture in CAPTURE_LIST:
         probe = capture["probe"]
         if probe["name"] in KNOWN_DIFFERENCES:
             entry = BY_ID[f"route:{probe.get('method', 'POST')} {probe['path']}"]
-            assert entry["state"] != "supported", probe["name"]
+            assert cites(probe["name"])(entry), probe["name"]

@@ -142,6 +142,23 @@ def test_request_errors(client, path, body, message):
                                   "type": "invalid_request_error"}}
 
 
+@pytest.mark.parametrize("path", ["/chat/completions", "/chat/completions/input_tokens"])
+def test_unprefixed_routes_are_the_v1_routes(client, path):
+    """The reference mounts each chat route twice; both answer the same (ids and times aside)."""
+    body = {"messages": HELLO, "max_tokens": 4, **GREEDY}
+    answers = [client.post(p, json=body).json() for p in (path, "/v1" + path)]
+    for answer in answers:
+        for key in ("id", "created"):
+            answer.pop(key, None)
+        answer.get("timings", {}).clear()
+    assert answers[0] == answers[1]
+    if path.endswith("input_tokens"):
+        assert answers[0] == {"input_tokens": 33}
+    else:
+        assert answers[0]["choices"][0]["message"]["content"] == native_content(
+            client, client.post("/apply-template", json={"messages": HELLO}).json()["prompt"], 4)
+
+
 def test_tools_on_a_template_without_tool_calls_are_plain_content(client):
     """The model's own ChatML template renders no tools: as the reference, the tools are
     ignored (even required is not enforced) and the output is content (spec §5)."""

@@ -220,6 +220,44 @@ def test_metrics_text_names(client):
     assert "# TYPE llamacpp:requests_processing gauge\n" in text
 
 
+# the reference's exposition (spec section 7): counters, then gauges, each with its help text
+REFERENCE_METRICS = [
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed."),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens taken from the cache."),
+    ("prompt_seconds_total", "counter", "Prompt process time"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed."),
+    ("tokens_predicted_seconds_total", "counter", "Predict process time"),
+    ("n_decode_total", "counter", "Total number of llama_decode() calls"),
+    ("n_tokens_max", "counter", "Largest observed n_tokens."),
+    ("spec_decode_num_draft_tokens_total", "counter", "Number of speculative draft tokens."),
+    ("spec_decode_num_accepted_tokens_total", "counter",
+     "Number of accepted speculative draft tokens."),
+    ("spec_decode_num_drafts_total", "counter", "Number of speculative drafts."),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s."),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s."),
+    ("requests_processing", "gauge", "Number of requests processing."),
+    ("requests_deferred", "gauge", "Number of requests deferred."),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
+]
+
+
+def test_metrics_text_is_the_references(client):
+    """Line by line: HELP, TYPE and the sample of each metric, in the reference's order and
+    types (n_tokens_max a counter without a _total suffix), values printed as C++ prints a
+    double (a whole number without a decimal point)."""
+    client.post("/completion", json={"prompt": "import os\n", "n_predict": 3, **GREEDY})
+    lines = client.get("/metrics").text.splitlines()
+    assert len(lines) == 3 * len(REFERENCE_METRICS)
+    for i, (name, kind, help_text) in enumerate(REFERENCE_METRICS):
+        full = f"llamacpp:{name}"
+        assert lines[3 * i: 3 * i + 2] == [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"]
+        sample, value = lines[3 * i + 2].split(" ")
+        assert sample == full and float(value) >= 0
+    totals = {line.split(" ")[0]: line.split(" ")[1] for line in lines if line[0] != "#"}
+    assert totals["llamacpp:tokens_predicted_total"].isdigit()
+    assert totals["llamacpp:spec_decode_num_drafts_total"] == "0"
+
+
 def test_metrics_switched_off(locked):
     with keyed(locked[0]) as c:
         r = c.get("/metrics")

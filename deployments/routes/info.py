@@ -13,8 +13,6 @@ from pathlib import Path
 
 from fastapi import Request
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
 
 from ..app import error_response, json_response, read_object
 from ..base import IngressBase, ModelEndpoint
@@ -208,6 +206,7 @@ async def slot_action(ingress: IngressBase, request: Request, id_slot: str) -> R
 
 
 # ---- metrics -------------------------------------------------------------------------------
+# the reference's metrics in its order (counters, then gauges) with its help texts
 METRIC_HELP = {
     "prompt_tokens_total": ("counter", "Number of prompt tokens processed."),
     "prompt_tokens_cached_total": ("counter", "Number of prompt tokens taken from the cache."),
@@ -215,18 +214,16 @@ METRIC_HELP = {
     "tokens_predicted_total": ("counter", "Number of generation tokens processed."),
     "tokens_predicted_seconds_total": ("counter", "Predict process time"),
     "n_decode_total": ("counter", "Total number of llama_decode() calls"),
-    # a counter in the reference; prometheus_client would name a counter family without the
-    # _total suffix n_tokens_max_total, so it is exposed as the gauge it behaves as
-    "n_tokens_max": ("gauge", "Largest observed n_tokens."),
+    "n_tokens_max": ("counter", "Largest observed n_tokens."),
     "spec_decode_num_draft_tokens_total": ("counter", "Number of speculative draft tokens."),
     "spec_decode_num_accepted_tokens_total": ("counter",
                                               "Number of accepted speculative draft tokens."),
     "spec_decode_num_drafts_total": ("counter", "Number of speculative drafts."),
-    "n_busy_slots_per_decode": ("gauge", "Average number of busy slots per llama_decode() call"),
     "prompt_tokens_seconds": ("gauge", "Average prompt throughput in tokens/s."),
     "predicted_tokens_seconds": ("gauge", "Average generation throughput in tokens/s."),
     "requests_processing": ("gauge", "Number of requests processing."),
     "requests_deferred": ("gauge", "Number of requests deferred."),
+    "n_busy_slots_per_decode": ("gauge", "Average number of busy slots per llama_decode() call"),
 }
 
 
@@ -254,20 +251,14 @@ def metric_values(m: dict) -> dict[str, float]:
     }
 
 
-class _Snapshot:
-    """A prometheus_client collector over one engine snapshot."""
-
-    def __init__(self, values: dict[str, float]):
-        self.values = values
-
-    def collect(self):
-        for name, (kind, help_text) in METRIC_HELP.items():
-            full = f"llamacpp:{name}"
-            # the text format appends _total to a counter family's name
-            family = full.removesuffix("_total") if kind == "counter" else full
-            metric = Metric(family, help_text, kind)
-            metric.add_sample(full, {}, float(self.values[name]))
-            yield metric
+def exposition(values: dict[str, float]) -> str:
+    """Prometheus text as the reference writes it: HELP, TYPE and the sample of each metric,
+    the value as C++'s ostream prints a double (%g: six significant digits)."""
+    lines = []
+    for name, (kind, help_text) in METRIC_HELP.items():
+        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {float(values[name]):g}"]
+    return "\n".join(lines) + "\n"
 
 
 async def metrics(ingress: IngressBase, request: Request) -> Response:
@@ -277,7 +268,5 @@ async def metrics(ingress: IngressBase, request: Request) -> Response:
         raise ApiError("This server does not support metrics endpoint. Start it with "
                        "`--metrics`", "not_supported_error")
     snapshot = await model.replica.metrics.remote()
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(metric_values(snapshot)))
-    return Response(generate_latest(registry), media_type="text/plain; version=0.0.4",
+    return Response(exposition(metric_values(snapshot)), media_type="text/plain; version=0.0.4",
                     headers={"Process-Start-Time-Unix": str(int(ingress.started))})

@@ -1,6 +1,6 @@
 """Routes of llama-server b10621 that mlxray does not serve: each answers a 501
-not_supported_error naming what is missing, after the same guards as every route (503 while
-loading, the API key)."""
+not_supported_error naming what is missing (and, for work not built yet, the issue that builds
+it), after the same guards as every route (503 while loading, the API key)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,23 @@ from fastapi.responses import Response
 from ..base import IngressBase
 from ..errors import ApiError
 
+RESPONSES = "the Responses API is not supported by mlxray yet (issue #19)"
+MESSAGES = "the Anthropic Messages API is not supported by mlxray yet (issue #19)"
 # route -> the reason shown to the client
 NOT_SUPPORTED = {
-    "/responses": "the Responses API is not supported by mlxray",
-    "/v1/responses": "the Responses API is not supported by mlxray",
-    "/responses/input_tokens": "the Responses API is not supported by mlxray",
-    "/v1/responses/input_tokens": "the Responses API is not supported by mlxray",
-    "/v1/messages": "the Anthropic Messages API is not supported by mlxray",
-    "/v1/messages/count_tokens": "the Anthropic Messages API is not supported by mlxray",
+    "/responses": RESPONSES,
+    "/v1/responses": RESPONSES,
+    "/responses/input_tokens": RESPONSES,
+    "/v1/responses/input_tokens": RESPONSES,
+    "/v1/messages": MESSAGES,
+    "/v1/messages/count_tokens": MESSAGES,
     "/infill": "Infill is not supported by this model: prefix token is missing. "
                "(mlxray does not serve fill-in-the-middle)",
     "/rerank": "reranking is not supported by mlxray (it serves no reranking models)",
     "/reranking": "reranking is not supported by mlxray (it serves no reranking models)",
     "/v1/rerank": "reranking is not supported by mlxray (it serves no reranking models)",
     "/v1/reranking": "reranking is not supported by mlxray (it serves no reranking models)",
-    "/lora-adapters": "LoRA adapters are not supported by mlxray",
+    "/lora-adapters": "LoRA adapters are not supported by mlxray yet (issue #20)",
     "/audio/transcriptions": "audio input is not supported by mlxray (text-only models)",
     "/v1/audio/transcriptions": "audio input is not supported by mlxray (text-only models)",
     "/v1/stream": "resumable streams are not supported by mlxray",
