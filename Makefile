@@ -9,7 +9,7 @@ PYTHON ?= python3
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install serve test compat lint bench clean
+.PHONY: install serve test compat lint bench screenshots clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,10 @@ bench: install $(VENV)/.bench-installed
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $@
+
+# the web page's screenshots under docs/img (README), taken by its browser tests
+screenshots: install
+	MLXRAY_SCREENSHOTS=docs/img $(PY) -m pytest -q -p no:warnings tests/test_webui.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -77,8 +77,10 @@ ModelStack = tuple[DeploymentHandle, DeploymentHandle, GraphArgs]
 
 
 class IngressBase:
-    def __init__(self, models: list[ModelStack], args: GraphArgs):
-        self.args = args  # the application's: api_key, max_body_bytes (and each model's defaults)
+    def __init__(self, models: list[ModelStack], args: GraphArgs,
+                 board: DeploymentHandle | None = None):
+        self.args = args  # the application's: api_key, max_body_bytes, webui (and defaults)
+        self.board = board  # deployments/status.py: every replica's state, for /mlxray/status
         vocabs: dict[str, Vocab] = {}
         self.models: list[ModelEndpoint] = []
         for shaper, replica, model_args in models:

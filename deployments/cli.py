@@ -112,9 +112,9 @@ HONORED: tuple[Option, ...] = (
     Option(("--context-shift",), "context_shift", "LLAMA_ARG_CONTEXT_SHIFT", None,
            "context shift: always off", negative=("--no-context-shift",), only=False,
            reason="context shift needs KV shifting, which MLX KV caches do not have"),
-    Option(("--webui",), "webui", "LLAMA_ARG_WEBUI", None, "web UI: none",
-           negative=("--no-webui",), only=False,
-           reason="mlxray serves the API only: no web UI, no static files"),
+    Option(("--webui",), "webui", "LLAMA_ARG_WEBUI", None,
+           "the web page at / (chat and the graph's status; default on)",
+           negative=("--no-webui",)),
 )
 
 
@@ -326,7 +326,8 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               is not False, "alias": ns.alias, "api_key": ns.api_key,
                               "api_key_file": api_key_file(ns),
                               "embeddings": bool(ns.embeddings),
-                              "slot_save_path": ns.slot_save_path}
+                              "slot_save_path": ns.slot_save_path,
+                              "webui": ns.webui is not False}
     if ns.pooling is not None:
         fields["pooling"] = ns.pooling
     if ns.reasoning_format is not None:

@@ -28,7 +28,7 @@ PER_SEQUENCE_MS = 4.0
 MAX_INTERVAL_MS = 50.0
 # Settings of the whole application (the ingress's), never of one model: a ``models`` entry
 # may not set them, as llama-server's router keeps its API key from its model presets.
-APP_WIDE = ("api_key", "api_key_file", "max_body_bytes")
+APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui")
 
 
 class GraphArgs(BaseModel):
@@ -79,6 +79,7 @@ class GraphArgs(BaseModel):
     pooling: Literal["none", "mean", "cls", "last"] = Field(
         "none", description="embedding pooling (--pooling); none: the model's default here")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
+    webui: bool = Field(True, description="serve the web page at / (--webui / --no-webui)")
     models: tuple[dict[str, Any], ...] = Field(
         (), description="several models in one application: each entry sets one model's keys "
                         "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "

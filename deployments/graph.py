@@ -16,6 +16,7 @@ from .config import GraphArgs
 from .ingress import Ingress
 from .replica import ModelReplica
 from .shaper import ResponseShaper
+from .status import StatusBoard, replica_deployment
 
 # Calls other than generation (readiness, model info, slots) that must get through a full queue.
 CONTROL_HEADROOM = 16
@@ -39,9 +40,8 @@ def front_ongoing_limit(config: GraphArgs) -> int:
 
 
 def deployment_suffix(model_name: str) -> str:
-    """``:<model>`` as Ray Serve LLM names its per-model deployments (``LLMServer:<model>``):
-    a path's slashes and dots made readable, Serve's replica-id delimiter ``#`` removed."""
-    return ":" + model_name.replace("/", "--").replace(".", "_").replace("#", "_")
+    """``:<model>``, the suffix of a model's deployments in an application of several models."""
+    return replica_deployment(model_name, named=True).removeprefix("ModelReplica")
 
 
 def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None) -> Application:
@@ -60,7 +60,7 @@ def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None
     stacks = [model_stack(m, replica_options, s) for m, s in zip(models, suffixes)]
     # the one ingress carries every model's requests
     front = max(1000, 2 * sum(replica_ongoing_limit(m) for m in models))
-    return Ingress.options(max_ongoing_requests=front).bind(stacks, config)
+    return Ingress.options(max_ongoing_requests=front).bind(stacks, config, StatusBoard.bind())
 
 
 def model_stack(config: GraphArgs, replica_options: dict[str, Any] | None,

@@ -16,7 +16,7 @@ from ray import serve
 from . import openapi
 from .app import app
 from .base import IngressBase
-from .routes import embeddings, info, native, oai, unsupported
+from .routes import embeddings, info, native, oai, unsupported, webui
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=1000)
@@ -94,8 +94,21 @@ class Ingress(IngressBase):
     async def metrics(self, request: Request) -> Response:
         return await info.metrics(self, request)
 
+    @app.get("/")
+    @app.get("/index.html")
+    async def webui_page(self, request: Request) -> Response:
+        return await webui.page(self, request)
+
+    @app.get("/webui/{name}")
+    async def webui_asset(self, request: Request, name: str) -> Response:
+        return await webui.asset(self, request, name)
+
+    @app.get("/mlxray/status")
+    async def status(self, request: Request) -> Response:
+        return await webui.status(self, request)
+
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
-    # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy, the web UI
+    # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy
     # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
     @app.post("/responses")
     @app.post("/v1/responses")

@@ -31,6 +31,7 @@ from engine.types import (
 
 from .config import GraphArgs
 from .schema import CompletionParams
+from .status import engine_snapshot, start_reporting
 
 log = logging.getLogger("mlxray.replica")
 
@@ -121,6 +122,7 @@ class ModelReplica:
             ))
             engine.start()
             self.loaded, self.engine = loaded, engine
+            start_reporting(self.args.model_name, lambda: engine_snapshot(engine))
         except BaseException as exc:  # surfaced through check_health
             log.exception("model load failed")
             self.load_error = exc

@@ -87,11 +87,10 @@ def test_refusals_give_each_option_its_reason():
     (["-cb", "--cont-batching"], ["-nocb", "--no-cont-batching"], "LLAMA_ARG_CONT_BATCHING", "0"),
     (["--jinja"], ["--no-jinja"], "LLAMA_ARG_JINJA", "off"),
     (["--no-context-shift"], ["--context-shift"], "LLAMA_ARG_CONTEXT_SHIFT", "1"),
-    (["--no-webui"], ["--webui"], "LLAMA_ARG_WEBUI", "true"),
 ])
 def test_one_way_switches(accepted, refused, env, env_refused):
-    """What mlxray always does (continuous batching, Jinja templates, no context shift, no web
-    UI) may be asked for and changes nothing; the other way is refused, naming the spelling."""
+    """What mlxray always does (continuous batching, Jinja templates, no context shift) may be
+    asked for and changes nothing; the other way is refused, naming the spelling."""
     for flag in accepted:
         assert config_of([flag]) == config_of([])
     for flag in refused:
@@ -100,6 +99,19 @@ def test_one_way_switches(accepted, refused, env, env_refused):
     with pytest.raises(cli.Refused, match=f"does not honor {env}={env_refused}: "):
         cli.parse([], {env: env_refused})
     assert config_of([accepted[0]], {env: env_refused}) == config_of([])  # the flag wins
+
+
+def test_webui_switch():
+    """The page at / is on by default, as llama-server's UI; --no-webui or LLAMA_ARG_WEBUI=0 turn
+    it off, the flag winning over the variable (what / answers: tests/test_webui.py)."""
+    def webui(argv: list[str], environ: dict[str, str] | None = None) -> bool:
+        return cli.graph_args(cli.parse(argv, environ or {})).webui
+
+    assert webui([]) is True
+    assert webui(["--no-webui"]) is False
+    assert webui([], {"LLAMA_ARG_WEBUI": "0"}) is False
+    assert webui(["--webui"], {"LLAMA_ARG_WEBUI": "0"}) is True
+    assert app_args(config_of(["--no-webui"]))["webui"] is False
 
 
 def test_reasoning_flags_and_the_values_the_reference_refuses():

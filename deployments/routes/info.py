@@ -46,7 +46,7 @@ async def props(ingress: IngressBase, request: Request) -> Response:
         "endpoint_slots": args.slots,
         "endpoint_props": args.props,
         "endpoint_metrics": args.metrics,
-        "ui": False,
+        "ui": ingress.args.webui,
         "ui_settings": {},
         "chat_template": model.chat.source,
         "chat_template_caps": model.chat.caps(),
