@@ -1,18 +1,35 @@
 """The prompt (prefix) cache: mlx-lm's LRUPromptCache with llama.cpp's reuse rule on top.
 
-LRUPromptCache already finds the longest cached prefix (exact, shorter or longer entries, trimming
-a longer one). llama.cpp always re-evaluates at least one prompt token (spec §5.9), so an exact
-hit is trimmed by one token here; that also keeps ``BatchGenerator.insert`` fed with a non-empty
-prompt.
+Entries are KV caches keyed by the tokens they hold, in one trie, evicted least recently used
+first (a hit counts as a use). llama.cpp always re-evaluates at least one prompt token (spec
+§5.9), so a prompt of n tokens reuses at most n - 1: the longest entry that is a prefix of its
+first n - 1 tokens, or an entry sharing a longer prefix trimmed back to it where its cache can be
+trimmed. Caches that cannot be trimmed (sliding windows once full, state-space layers) are reused
+only from an entry that is an exact prefix: engine/cache_snapshots.py stores such entries inside
+the prompt as it is read.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 _MODEL_KEY = "model"
+_VALUE = "__value__"  # LRUPromptCache's trie: a node's entry, beside its children by token
+
+
+@dataclass
+class Hit:
+    """What a prompt finds in the cache: a private copy of a cache holding ``n_reused`` prompt
+    tokens (None and 0 on a miss), and ``n_shared``, the longest prefix (at most n - 1) the prompt
+    shares with any cached entry, reusable or not."""
+
+    cache: list[Any] | None = None
+    n_reused: int = 0
+    n_shared: int = 0
 
 
 class PrefixCache:
@@ -22,22 +39,32 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def lookup(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
-        """Return (cache, n_reused): a KV cache holding ``tokens[:n_reused]``, n_reused < len."""
-        if len(tokens) < 2:
-            return None, 0
-        cache, rest = self._lru.fetch_nearest_cache(_MODEL_KEY, tokens)
-        if cache is None:
-            return None, 0
-        n_reused = len(tokens) - len(rest)
-        if n_reused >= len(tokens):
-            if not can_trim_prompt_cache(cache):
-                return None, 0
-            trim_prompt_cache(cache, n_reused - (len(tokens) - 1))
-            n_reused = len(tokens) - 1
-        if n_reused <= 0:
-            return None, 0
-        return cache, n_reused
+    @property
+    def nbytes(self) -> int:
+        return self._lru.nbytes
+
+    def lookup(self, tokens: list[int]) -> Hit:
+        """The longest reusable prefix of ``tokens`` but its last token."""
+        head = list(tokens[:-1])
+        if not head:
+            return Hit()
+        node, n_shared, prefix = self._root(), 0, None
+        while node is not None and n_shared < len(head) and head[n_shared] in node:
+            node = node[head[n_shared]]
+            n_shared += 1
+            if _VALUE in node:
+                prefix = n_shared
+        trimmable = _shortest_trimmable(node) if n_shared > (prefix or 0) else None
+        if trimmable is not None:
+            suffix, entry = trimmable
+            cache = copy.deepcopy(entry.prompt_cache)
+            trim_prompt_cache(cache, len(suffix))
+            self._touch(head[:n_shared] + suffix)
+            return Hit(cache, n_shared, n_shared)
+        if prefix is None:
+            return Hit(None, 0, n_shared)
+        self._touch(head[:prefix])
+        return Hit(copy.deepcopy(self._entry(head[:prefix]).prompt_cache), prefix, n_shared)
 
     def longest(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
         """A copy of the cache holding the longest cached prefix of ``tokens``, untrimmed."""
@@ -57,9 +84,55 @@ class PrefixCache:
         self._lru._lru.remove(_MODEL_KEY, key)
         return True
 
+    def discard_prefixes(self, tokens: list[int]) -> int:
+        """Drop every entry stored under a prefix of ``tokens`` (a slot's prompt snapshots and its
+        last state); the longest one's length, 0 if none."""
+        longest = 0
+        for n in range(len(tokens), 0, -1):
+            if self.discard(tokens[:n]):
+                longest = max(longest, n)
+        return longest
+
     def store(self, tokens: list[int], cache: list[Any]) -> None:
         if tokens:
             self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)
 
     def clear(self) -> None:
         self._lru.trim_to(n_sequences=0)
+
+    # ---- the trie of mlx-lm's LRUPromptCache ------------------------------------------------
+    def _root(self) -> dict | None:
+        return self._lru._trie._trie.get(_MODEL_KEY)
+
+    def _entry(self, key: list[int]) -> LRUPromptCache.CacheEntry:
+        return self._lru._trie.get(_MODEL_KEY, key)
+
+    def _touch(self, key: list[int]) -> None:
+        """A hit makes its entry the most recently used."""
+        order = self._lru._lru
+        order.remove(_MODEL_KEY, key)
+        order.push(_MODEL_KEY, key)
+
+
+def _shortest_trimmable(node: dict) -> tuple[list[int], Any] | None:
+    """The shortest entry below ``node`` whose cache can be trimmed: (its tokens past the node,
+    the entry). Paths are kept as linked (token, parent) pairs: no list copy per node."""
+    best: tuple[int, tuple | None, Any] | None = None
+    stack: list[tuple[dict, int, tuple | None]] = [(node, 0, None)]
+    while stack:
+        current, depth, path = stack.pop()
+        if best is not None and depth >= best[0]:
+            continue
+        entry = current.get(_VALUE)
+        if entry is not None and can_trim_prompt_cache(entry.prompt_cache):
+            best = (depth, path, entry)
+            continue
+        stack.extend((child, depth + 1, (token, path)) for token, child in current.items()
+                     if token != _VALUE)
+    if best is None:
+        return None
+    suffix, path = [], best[1]
+    while path is not None:
+        token, path = path
+        suffix.append(token)
+    return suffix[::-1], best[2]

@@ -22,9 +22,10 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 
+from .cache_snapshots import Snapshots, segments
 from .grammar import GrammarCache, GrammarError, GrammarProcessor
 from .model import LoadedModel
-from .prefix_cache import PrefixCache
+from .prefix_cache import Hit, PrefixCache
 from .sampling import (
     Breakers,
     BudgetState,
@@ -97,6 +98,7 @@ class Task:
     n_cache: int = 0
     n_gen: int = 0
     tokens: list[int] = field(default_factory=list)
+    snapshots: list[int] = field(default_factory=list)  # prompt positions whose cache is kept
     probs: list[TokenProbs] = field(default_factory=list)
     # what the sampling chain recorded for the tokens in flight, oldest first: the raw logits
     # (pre-sampling probabilities) or the candidates' probabilities after the draw
@@ -144,6 +146,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
         self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
+        self.snapshots = Snapshots(loaded.model)
         self.grammars = GrammarCache(loaded.vocab.hf, self.vocab.n_vocab, self.vocab.eog_ids)
         self._inbox: queue.Queue = queue.Queue()
         # admission units in arrival order: one prompt with its n_cmpl children, admitted at once
@@ -309,6 +312,7 @@ class Engine:
             "n_decode_total": self.metrics.n_decode_total,
             "n_cancelled": self.n_cancelled,
             "n_submitted": self._n_submitted,
+            "n_cache_entries": len(self.prefix_cache),
         }
 
     @property
@@ -454,8 +458,11 @@ class Engine:
             for child in [task, *task.children]:
                 self._retire(child)
             return
-        cache, n_reused = self.prefix_cache.lookup(prompt) if req.cache_prompt else (None, 0)
+        hit = self.prefix_cache.lookup(prompt) if req.cache_prompt else Hit()
+        cache, n_reused = hit.cache, hit.n_reused
         task.n_cache = n_reused
+        n_max = self.config.n_ctx if req.n_predict < 0 else len(prompt) + req.n_predict
+        task.snapshots = self.snapshots.points(len(prompt), hit, min(n_max, self.config.n_ctx))
         if req.stream:
             self._emit(task, StartEvent(req.index))
         if req.return_progress and req.stream:
@@ -467,8 +474,8 @@ class Engine:
     def _insert(self, task: Task, tokens: list[int], cache: list | None,
                 context: list[int]) -> None:
         sampler, processors = self._chain(task)
-        uid = self._bg.insert(
-            [tokens],
+        uid = self._bg.insert_segments(
+            [segments(tokens, [p - len(context) for p in task.snapshots])],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(context)],
             samplers=[sampler if is_shared(sampler) else _guarded_sampler(task, sampler)],
@@ -476,6 +483,18 @@ class Engine:
         )[0]
         task.uid = uid
         self._by_uid[uid] = task
+
+    def _at_cut(self, task: Task, position: int) -> None:
+        """A prompt segment was read: keep a snapshot there, start the n_cmpl children from the
+        prompt but its last token."""
+        is_last = position == task.n_prompt - 1
+        if position not in task.snapshots and not (task.children and is_last):
+            return
+        cache, tokens = self._bg.extract_cache([task.uid])[task.uid]
+        if position in task.snapshots:
+            self.prefix_cache.store(list(tokens), cache)
+        if task.children and is_last:
+            self._start_children(task, cache)
 
     def _start_children(self, parent: Task, cache: list | None) -> None:
         """Each child continues from a copy of the parent's KV cache of the prompt but its last
@@ -566,9 +585,8 @@ class Engine:
                     self._emit(task, self._progress(task, task.n_prompt))
                 continue
             task.t_prompt = time.perf_counter()
-            if task.children and not r.end_of_prompt and done == total - 1:
-                cache, _ = self._bg.extract_cache([task.uid])[task.uid]
-                self._start_children(task, cache)
+            if r.end_of_segment and not r.end_of_prompt:
+                self._at_cut(task, task.n_cache + done)
             if task.req.return_progress and task.req.stream:
                 # BatchGenerator feeds the last prompt token apart; report the reference's chunks
                 if r.end_of_prompt or done < total - 1 or done % self.config.n_batch == 0:
@@ -680,7 +698,8 @@ class Engine:
             slot.task = None
             slot.last = task
             slot.last_used = time.perf_counter()
-            slot.last_tokens = task.req.prompt_tokens + task.tokens[:-1]
+            # the tokens its cache holds: BatchGenerator has read every token it returned
+            slot.last_tokens = task.req.prompt_tokens + task.tokens
         if emit and not task.group.cancelled:
             if first_invalid_utf8(task.text.generated) is not None:
                 self._emit(task, ErrorEvent(task.req.index, 500, BAD_OUTPUT_MESSAGE,

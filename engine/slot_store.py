@@ -69,7 +69,6 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
 
 def erase(engine: Engine, id_slot: int) -> dict:
     slot = _idle_slot(engine, id_slot)
-    _, n_erased = engine.prefix_cache.longest(slot.last_tokens)
-    engine.prefix_cache.discard(slot.last_tokens[:n_erased])
+    n_erased = engine.prefix_cache.discard_prefixes(slot.last_tokens)  # snapshots too
     slot.last_tokens = []
     return {"id_slot": id_slot, "n_erased": n_erased}

@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .zoo import zoo  # noqa: F401 - the session's model zoo (small random-weight folders)
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
