@@ -33,16 +33,17 @@ class LoadedModel:
 def load_model(path: str) -> LoadedModel:
     """Load with mlx_lm.load: a local folder, or a Hugging Face id when the hub is reachable."""
     from mlx_lm import load
+    from mlx_lm.utils import get_total_parameters
 
     pick_device()
-    model, wrapper = load(path)
+    model, wrapper, config = load(path, return_config=True)
     hf = getattr(wrapper, "_tokenizer", wrapper)
     vocab = Vocab(hf, set(getattr(wrapper, "eos_token_ids", None) or ()))
     args = getattr(model, "args", None)
     n_ctx_train = int(getattr(args, "max_position_embeddings", 0) or 0)
     n_embd = int(getattr(args, "hidden_size", 0) or 0)
     params = _leaves(model.parameters())
-    n_params = sum(p.size for p in params)
+    n_params = get_total_parameters(model)  # a quantized weight counts its unpacked values
     size_bytes = sum(p.nbytes for p in params)
     local = Path(path)
     return LoadedModel(
@@ -54,7 +55,7 @@ def load_model(path: str) -> LoadedModel:
         n_params=n_params,
         size_bytes=size_bytes,
         chat_template=getattr(hf, "chat_template", None),
-        ftype=_ftype(params, getattr(args, "quantization", None)),
+        ftype=_ftype(params, config.get("quantization")),
     )
 
 

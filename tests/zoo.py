@@ -29,68 +29,70 @@ SEED = 7
 MUTED = [0, 1, *range(96, 190), *range(224, 258)]  # BOS, EOS, tiny-python's 128 lone bytes
 
 # ---- chat templates in each family's style (written for the tests, not copied) ---------------
-_TOOL_JSON = "{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}"
+_ARGUMENTS = ("{{ call.function.arguments if call.function.arguments is string "
+              "else call.function.arguments | tojson }}")
+_TOOL_JSON = '{"name": "{{ call.function.name }}", "arguments": ' + _ARGUMENTS + "}"
 
 CHATML_THINK = (  # Qwen3: ChatML, <think> blocks, <tool_call>/<tool_response>
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
     "</tool_response><|im_end|>\n"
-    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n"
-    "{%- if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
     "{{ m.content }}"
-    "{%- for call in m.tool_calls or [] %}\n<tool_call>\n" + _TOOL_JSON + "\n</tool_call>"
-    "{%- endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-    "{%- endif %}{% endif %}"
+    "{% for call in m.tool_calls or [] %}{{ '\\n' }}<tool_call>\n" + _TOOL_JSON + "\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
 )
 
 LLAMA3 = (  # Llama 3.1: header ids, <|eot_id|>, JSON tool calls and ipython results
-    "{%- for m in messages %}<|start_header_id|>"
+    "{% for m in messages %}<|start_header_id|>"
     "{{ 'ipython' if m.role == 'tool' else m.role }}<|end_header_id|>\n\n"
-    "{%- if m.tool_calls %}{% for call in m.tool_calls %}" + _TOOL_JSON + "{% endfor %}"
-    "{%- else %}{{ m.content }}{% endif %}<|eot_id|>"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    "{% if m.tool_calls %}{% for call in m.tool_calls %}" + _TOOL_JSON + "{% endfor %}"
+    "{% else %}{{ m.content }}{% endif %}<|eot_id|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
 GEMMA3 = (  # Gemma 3: <start_of_turn>, the model role, the system prompt folded into the user turn
-    "{%- set system = messages[0].content + '\n\n' if messages[0].role == 'system' else '' %}"
-    "{%- for m in messages if m.role != 'system' %}<start_of_turn>"
+    "{% set system = messages[0].content + '\n\n' if messages[0].role == 'system' else '' %}"
+    "{% for m in messages if m.role != 'system' %}<start_of_turn>"
     "{{ 'model' if m.role == 'assistant' else 'user' }}\n"
     "{{ system if loop.first else '' }}{{ m.content }}<end_of_turn>\n"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
 HARMONY = (  # gpt-oss: channels, analysis for reasoning, commentary for tool calls
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary"
     "<|message|>{{ m.content }}<|end|>"
-    "{%- elif m.role == 'assistant' %}"
-    "{%- if m.reasoning_content %}<|start|>assistant<|channel|>analysis<|message|>"
+    "{% elif m.role == 'assistant' %}"
+    "{% if m.reasoning_content %}<|start|>assistant<|channel|>analysis<|message|>"
     "{{ m.reasoning_content }}<|end|>{% endif %}"
-    "{%- for call in m.tool_calls or [] %}<|start|>assistant to=functions.{{ call.function.name }}"
-    "<|channel|>commentary json<|message|>{{ call.function.arguments | tojson }}<|call|>"
-    "{%- endfor %}"
-    "{%- if m.content %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
-    "{%- endif %}"
-    "{%- else %}<|start|>{{ 'developer' if m.role == 'system' else m.role }}<|message|>"
+    "{% for call in m.tool_calls or [] %}<|start|>assistant to=functions.{{ call.function.name }}"
+    "<|channel|>commentary json<|message|>" + _ARGUMENTS + "<|call|>"
+    "{% endfor %}"
+    "{% if m.content %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{% endif %}"
+    "{% else %}<|start|>{{ 'developer' if m.role == 'system' else m.role }}<|message|>"
     "{{ m.content }}<|end|>{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|start|>assistant{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
 )
 
 MISTRAL = (  # Mamba-Codestral / Mistral: [INST], [TOOL_CALLS], [TOOL_RESULTS]
-    "{%- for m in messages %}"
-    "{%- if m.role == 'user' or m.role == 'system' %}[INST] {{ m.content }} [/INST]"
-    "{%- elif m.role == 'tool' %}[TOOL_RESULTS] {{ m.content }} [/TOOL_RESULTS]"
-    "{%- elif m.tool_calls %}[TOOL_CALLS] [{% for call in m.tool_calls %}" + _TOOL_JSON
+    "{% for m in messages %}"
+    "{% if m.role == 'user' or m.role == 'system' %}[INST] {{ m.content }} [/INST]"
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS] {{ m.content }} [/TOOL_RESULTS]"
+    "{% elif m.tool_calls %}[TOOL_CALLS] [{% for call in m.tool_calls %}" + _TOOL_JSON
     + "{% endfor %}]</s>"
-    "{%- else %}{{ m.content }}</s>{% endif %}"
-    "{%- endfor %}"
+    "{% else %}{{ m.content }}</s>{% endif %}"
+    "{% endfor %}"
 )
 
 
