@@ -13,7 +13,8 @@ The points, for a prompt of n tokens:
   regenerate) needs the cache of its first n - 1 tokens, and so does a prompt that extends it;
   n_cmpl children start from the same copy;
 - the branch point: where the prompt leaves the longest prefix it shares with a cached entry that
-  could not be reused (an edited message), so the next edit from the same place reuses it.
+  could not be reused (an edited message), so the next edit from the same place reuses it
+  (from ``MIN_BRANCH`` tokens on).
 
 A snapshot is an entry of the prefix cache like any other: it counts against ``cache_entries`` and
 is evicted least recently used first. A model whose caches stay trimmable for the whole request
@@ -27,6 +28,9 @@ from typing import Any
 from mlx_lm.models.cache import CacheList, RotatingKVCache, make_prompt_cache
 
 from .prefix_cache import Hit
+
+# a shorter shared prefix is cheaper to read again than the entry a snapshot of it would take
+MIN_BRANCH = 16
 
 
 def trimmable_at(layer: Any, n_tokens: int) -> bool:
@@ -54,7 +58,7 @@ class Snapshots:
         if n_prompt < 2 or not self.needed(n_max):
             return []
         points = {n_prompt - 1}
-        if hit.n_shared > hit.n_reused:
+        if hit.n_shared > hit.n_reused and hit.n_shared >= MIN_BRANCH:
             points.add(hit.n_shared)
         return sorted(p for p in points if hit.n_reused < p < n_prompt)
 

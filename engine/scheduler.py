@@ -312,7 +312,6 @@ class Engine:
             "n_decode_total": self.metrics.n_decode_total,
             "n_cancelled": self.n_cancelled,
             "n_submitted": self._n_submitted,
-            "n_cache_entries": len(self.prefix_cache),
         }
 
     @property
