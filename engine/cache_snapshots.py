@@ -52,9 +52,10 @@ class Snapshots:
         """True if a cache of ``n_tokens`` tokens could not be trimmed back."""
         return not all(trimmable_at(layer, n_tokens) for layer in self._layers)
 
-    def points(self, n_prompt: int, hit: Hit, n_max: int) -> list[int]:
+    def points(self, n_prompt: int, hit: Hit, n_predict: int, n_ctx: int) -> list[int]:
         """Prompt positions to snapshot at, ascending, for a prompt of ``n_prompt`` tokens that
-        reuses ``hit`` and may grow to ``n_max`` tokens with its answer."""
+        reuses ``hit`` and may grow by ``n_predict`` tokens (-1: to ``n_ctx``)."""
+        n_max = n_ctx if n_predict < 0 else min(n_ctx, n_prompt + n_predict)
         if n_prompt < 2 or not self.needed(n_max):
             return []
         points = {n_prompt - 1}

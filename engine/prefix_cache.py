@@ -87,11 +87,16 @@ class PrefixCache:
     def discard_prefixes(self, tokens: list[int]) -> int:
         """Drop every entry stored under a prefix of ``tokens`` (a slot's prompt snapshots and its
         last state); the longest one's length, 0 if none."""
-        longest = 0
-        for n in range(len(tokens), 0, -1):
-            if self.discard(tokens[:n]):
-                longest = max(longest, n)
-        return longest
+        stored, node = [], self._root()
+        for depth, token in enumerate(tokens, 1):
+            node = node.get(token) if node is not None else None
+            if node is None:
+                break
+            if _VALUE in node:
+                stored.append(depth)
+        for depth in stored:
+            self.discard(tokens[:depth])
+        return max(stored, default=0)
 
     def store(self, tokens: list[int], cache: list[Any]) -> None:
         if tokens:

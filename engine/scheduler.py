@@ -460,8 +460,7 @@ class Engine:
         hit = self.prefix_cache.lookup(prompt) if req.cache_prompt else Hit()
         cache, n_reused = hit.cache, hit.n_reused
         task.n_cache = n_reused
-        n_max = self.config.n_ctx if req.n_predict < 0 else len(prompt) + req.n_predict
-        task.snapshots = self.snapshots.points(len(prompt), hit, min(n_max, self.config.n_ctx))
+        task.snapshots = self.snapshots.points(len(prompt), hit, req.n_predict, self.config.n_ctx)
         if req.stream:
             self._emit(task, StartEvent(req.index))
         if req.return_progress and req.stream:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from engine.cache_snapshots import Snapshots, segments
-from engine.prefix_cache import Hit
+from engine.prefix_cache import Hit, PrefixCache
 from engine.types import FinalEvent, GenerationRequest, SamplingParams
 
 from .conftest import run_engine
@@ -75,16 +75,66 @@ def test_segments_cut_before_each_point():
 def test_points_follow_the_cache_layout(zoo, engines):
     by_name = {name: Snapshots(engines(name).loaded.model) for name in ("llama", "gemma3_text",
                                                                           "mamba2", "qwen3_next")}
-    assert by_name["llama"].points(100, Hit(), 2048) == []  # a KV cache always trims back
+    assert by_name["llama"].points(100, Hit(), -1, 2048) == []  # a KV cache always trims back
     # the window (16 tokens) is never filled: the entry of prompt and answer trims back
-    assert by_name["gemma3_text"].points(8, Hit(), 15) == []
-    assert by_name["gemma3_text"].points(8, Hit(), 16) == [7]
-    assert by_name["mamba2"].points(30, Hit(), 40) == [29]
+    assert by_name["gemma3_text"].points(8, Hit(), 7, 2048) == []
+    assert by_name["gemma3_text"].points(8, Hit(), 8, 2048) == [7]
+    assert by_name["gemma3_text"].points(8, Hit(), -1, 15) == []  # the slot ends first
+    assert by_name["gemma3_text"].points(8, Hit(), -1, 16) == [7]
+    assert by_name["mamba2"].points(30, Hit(), 10, 2048) == [29]
     # the branch point of an edit, none before what is reused, none twice
-    assert by_name["qwen3_next"].points(30, Hit(None, 0, 16), 40) == [16, 29]
-    assert by_name["qwen3_next"].points(30, Hit(None, 0, 15), 40) == [29]  # too short to keep
-    assert by_name["qwen3_next"].points(30, Hit([], 29, 29), 40) == []
-    assert by_name["mamba2"].points(1, Hit(), 40) == []
+    assert by_name["qwen3_next"].points(30, Hit(None, 0, 16), 10, 2048) == [16, 29]
+    assert by_name["qwen3_next"].points(30, Hit(None, 0, 15), 10, 2048) == [29]  # too short
+    assert by_name["qwen3_next"].points(30, Hit([], 29, 29), 10, 2048) == []
+    assert by_name["mamba2"].points(1, Hit(), 10, 2048) == []
+
+
+# ---- the lookup --------------------------------------------------------------------------------
+def kv_cache(n: int) -> list:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    cache = KVCache()
+    cache.update_and_fetch(mx.zeros((1, 1, n, 2)), mx.zeros((1, 1, n, 2)))
+    return [cache]
+
+
+def state_cache() -> list:
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache
+
+    cache = ArraysCache(1)
+    cache[0] = mx.zeros((1, 2))
+    return [cache]
+
+
+def test_lookup_reuses_an_exact_prefix_or_trims_what_can_be_trimmed():
+    cache = PrefixCache(8)
+    cache.store([1, 2, 3, 4, 5, 6], state_cache())  # shares 4 tokens, cannot be trimmed back
+    hit = cache.lookup([1, 2, 3, 4, 9])
+    assert (hit.cache, hit.n_reused, hit.n_shared) == (None, 0, 4)
+    cache.store([1, 2, 3], state_cache())
+    hit = cache.lookup([1, 2, 3, 4, 9])
+    assert (hit.n_reused, hit.n_shared) == (3, 4) and hit.cache is not None
+    assert cache.lookup([1, 2, 3]).n_reused == 0  # one prompt token is always read again
+    cache.store([1, 2, 3, 4, 7, 8], kv_cache(6))  # trimmable: trimmed back to what is shared
+    hit = cache.lookup([1, 2, 3, 4, 9])
+    assert hit.n_reused == 4 and hit.cache[0].offset == 4
+    hit = cache.lookup([1, 2, 3, 4, 7, 8])
+    assert hit.n_reused == 5 and hit.cache[0].offset == 5
+    assert cache.lookup([1, 2, 3, 4, 7, 8]).cache[0].offset == 5  # the entry is left whole
+
+
+def test_a_hit_makes_its_entry_the_most_recently_used():
+    cache = PrefixCache(2)
+    cache.store([1, 2, 3], state_cache())
+    cache.store([4, 5, 6], state_cache())
+    assert cache.lookup([1, 2, 3, 9]).n_reused == 3
+    cache.store([7, 8, 9], state_cache())  # evicts [4, 5, 6], not the entry just used
+    assert len(cache) == 2
+    assert cache.lookup([1, 2, 3, 9]).n_reused == 3
+    assert cache.lookup([4, 5, 6, 9]).n_reused == 0
+    assert cache.discard_prefixes([1, 2, 3, 9]) == 3 and len(cache) == 1
 
 
 # ---- every family: repeat, extension, edit -----------------------------------------------------
