@@ -54,7 +54,8 @@ class GraphArgs(BaseModel):
         -1, ge=-1, le=INT32_MAX,
         description="default of a request's reasoning_budget_tokens (--reasoning-budget): "
                     "-1 no budget, 0 end at once, N tokens")
-    cache_entries: int = Field(0, ge=0, description="prefix-cache entries; 0: two per slot")
+    cache_entries: int = Field(
+        0, ge=0, description="prefix-cache entries, prompt snapshots included; 0: two per slot")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
         description="streams: after the first token, gather tokens for at least this long per "
