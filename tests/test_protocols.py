@@ -101,7 +101,7 @@ def test_responses_input_items_render_as_their_chat_messages(oai, client):
     assert out.output_text == chat_text(client, messages, 6)["message"]["content"]
 
 
-def test_responses_token_counts_on_both_routes(client):
+def test_unprefixed_responses_routes(client):
     for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
         r = client.post(path, json={"input": "hello"})
         assert r.json() == {"input_tokens": 33, "object": "response.input_tokens"}
@@ -212,6 +212,16 @@ def test_messages_errors(claude, client, body, message):
                                        if k not in ("max_tokens", "messages")})
         assert raised.value.status_code == 400 and raised.value.body == r.json()
     assert client.post("/v1/messages", json={**body, "stream": True}).json() == r.json()
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/responses", "/v1/responses/input_tokens",
+                                  "/responses/input_tokens", "/v1/messages",
+                                  "/v1/messages/count_tokens"])
+def test_body_not_json_is_400(client, path):
+    """As on every POST route: the client's mistake, a 400 (the reference answers 500)."""
+    r = client.post(path, content=b"{not json")
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("[json.exception.parse_error.101]")
 
 
 # ---- random bodies: never a 5xx ------------------------------------------------------------
