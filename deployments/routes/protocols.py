@@ -31,8 +31,8 @@ async def answer(ingress: IngressBase, request: Request, protocol: str) -> Respo
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    return await oai.answer(model, chat_body(to_chat(protocol, body), model.chat.render), CHAT,
-                            protocol)
+    native_body, syntax = chat_body(to_chat(protocol, body), model)
+    return await oai.answer(model, native_body, CHAT, syntax, protocol)
 
 
 async def input_tokens(ingress: IngressBase, request: Request, protocol: str) -> Response:
@@ -54,9 +54,9 @@ async def _prepare_handle(ingress: IngressBase, body: Any, protocol: str, stream
     try:
         await ingress.check_ready()
         model = ingress.model_of(body)
-        chat = chat_body(to_chat(protocol, native.handle_body(body, stream)), model.chat.render)
+        chat, syntax = chat_body(to_chat(protocol, native.handle_body(body, stream)), model)
         params, prompts = native.prepare(model, chat)
-        return model, params, prompts, oai.context(model, CHAT, params, protocol)
+        return model, params, prompts, oai.context(model, CHAT, params, syntax, protocol)
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
 
