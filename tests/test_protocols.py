@@ -341,10 +341,19 @@ blocks = st.fixed_dictionaries({"type": st.sampled_from(
     ["text", "thinking", "tool_use", "tool_result", "image", "x"])},
     optional={"text": texts, "thinking": texts, "id": texts, "name": texts, "input": json_values,
               "tool_use_id": texts, "content": texts, "source": json_values})
+well_formed = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=12)}),
+    st.fixed_dictionaries({"type": st.just("thinking"), "thinking": st.text(max_size=12)}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": st.text(max_size=4),
+                           "name": st.text(max_size=4), "input": json_values}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": st.text(max_size=4),
+                           "content": texts}))
+anthropic_messages = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]),
+     "content": st.text(max_size=12) | st.lists(well_formed | blocks, min_size=1, max_size=3)})
 messages_bodies = st.fixed_dictionaries(
-    {"messages": st.lists(st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "assistant"]) | json_values},
-        optional={"content": texts | st.lists(blocks, max_size=3)}), max_size=3) | json_values},
+    {"messages": st.lists(anthropic_messages, min_size=1, max_size=3)
+     | st.lists(anthropic_messages | json_values, max_size=2) | json_values},
     optional={"system": texts | st.lists(blocks, max_size=2), "max_tokens": json_values,
               "stop_sequences": json_values, "tools": json_values, "tool_choice": json_values,
               "temperature": json_values, "top_k": json_values, "thinking": json_values,
