@@ -16,7 +16,7 @@ from ray import serve
 from . import openapi
 from .app import app
 from .base import IngressBase
-from .routes import embeddings, info, native, oai, unsupported, webui
+from .routes import embeddings, info, native, oai, protocols, unsupported, webui
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=1000)
@@ -42,6 +42,24 @@ class Ingress(IngressBase):
     @app.post("/v1/chat/completions/input_tokens")
     async def chat_input_tokens(self, request: Request) -> Response:
         return await oai.chat_input_tokens(self, request)
+
+    @app.post("/responses")
+    @app.post("/v1/responses")
+    async def responses_api(self, request: Request) -> Response:
+        return await protocols.answer(self, request, "responses")
+
+    @app.post("/responses/input_tokens")
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(self, request: Request) -> Response:
+        return await protocols.input_tokens(self, request, "responses")
+
+    @app.post("/v1/messages")
+    async def messages_api(self, request: Request) -> Response:
+        return await protocols.answer(self, request, "messages")
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(self, request: Request) -> Response:
+        return await protocols.input_tokens(self, request, "messages")
 
     @app.post("/apply-template")
     async def apply_template(self, request: Request) -> Response:
@@ -110,12 +128,6 @@ class Ingress(IngressBase):
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
     # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy
     # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
-    @app.post("/responses")
-    @app.post("/v1/responses")
-    @app.post("/responses/input_tokens")
-    @app.post("/v1/responses/input_tokens")
-    @app.post("/v1/messages")
-    @app.post("/v1/messages/count_tokens")
     @app.post("/infill")
     @app.post("/rerank")
     @app.post("/reranking")
@@ -139,3 +151,17 @@ class Ingress(IngressBase):
     async def stream(self, body: dict) -> AsyncIterator[dict]:
         async for frame in native.stream_handle(self, body):
             yield frame
+
+    async def responses(self, body: dict) -> Any:
+        return await protocols.complete_handle(self, body, "responses")
+
+    async def responses_stream(self, body: dict) -> AsyncIterator[dict]:
+        async for event in protocols.stream_handle(self, body, "responses"):
+            yield event
+
+    async def messages(self, body: dict) -> Any:
+        return await protocols.complete_handle(self, body, "messages")
+
+    async def messages_stream(self, body: dict) -> AsyncIterator[dict]:
+        async for event in protocols.stream_handle(self, body, "messages"):
+            yield event

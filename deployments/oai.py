@@ -28,9 +28,14 @@ _ALNUM = string.ascii_letters + string.digits
 UNSUPPORTED_COMPLETION = ("best_of", "suffix")
 
 
+def random_string() -> str:
+    """32 random letters and digits: the reference's ids after their prefix."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
 def completion_id() -> str:
     """``chatcmpl-`` and 32 random letters and digits, for both OpenAI formats."""
-    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return "chatcmpl-" + random_string()
 
 
 def completion_body(body: dict) -> dict:

@@ -13,20 +13,11 @@ from engine.types import ErrorEvent, FinalEvent, ProgressEvent, StartEvent, Toke
 
 from .config import GraphArgs
 from .errors import ApiError, from_failure
+from .protocols import protocol_shape
 from .schema import CompletionParams
-from .shapes import (
-    NativeShape,
-    OaiChatShape,
-    OaiCompletionShape,
-    OaiContext,
-    dumps,
-    merge_choices,
-    sse,
-)
+from .shapes import NativeShape, OaiChatShape, OaiCompletionShape, OaiContext, dumps
 from .streams import close, coalesce, concat_lists
 from .tools.stream import ToolChatShape
-
-SSE_DONE = b"data: [DONE]\n\n"
 
 
 def _error(ev: ErrorEvent) -> ApiError:
@@ -48,13 +39,15 @@ class ResponseShaper:
             return NativeShape(params, self.model_name)
         if oai.object == "chat.completion":
             active = oai.chat is not None and oai.chat.active
-            return ToolChatShape(params, oai) if active else OaiChatShape(params, oai)
+            chat = ToolChatShape(params, oai) if active else OaiChatShape(params, oai)
+            return protocol_shape(oai.protocol, chat) if oai.protocol else chat
         return OaiCompletionShape(params, oai)
 
     async def result(self, params: CompletionParams, prompts: list[list[int]],
                      oai: OaiContext | None = None) -> tuple[int, Any]:
         """A non-streaming answer: (status, object). Native: one object, or an array ordered by
-        index; OpenAI: one object whose choices are in index order; an error: its envelope."""
+        index; OpenAI: one object whose choices are in index order; the Responses API: an array;
+        an error: its envelope."""
         shape = self._shape(params, oai)
         results: dict[int, dict] = {}
         events = self._events(params, prompts)
@@ -77,7 +70,7 @@ class ResponseShaper:
         ordered = [results[i] for i in sorted(results)]
         if len(ordered) == 1:
             return 200, ordered[0]
-        return 200, merge_choices(ordered) if oai is not None else ordered
+        return 200, shape.merge(ordered)
 
     async def complete(self, params: CompletionParams, prompts: list[list[int]],
                        oai: OaiContext | None = None) -> tuple[int, bytes]:
@@ -85,25 +78,27 @@ class ResponseShaper:
         status, body = await self.result(params, prompts, oai)
         return status, dumps(body)
 
-    async def frames(self, params: CompletionParams,
-                     prompts: list[list[int]]) -> AsyncIterator[list[dict]]:
-        """The native stream frames for Python callers, one list per batch of events: what
-        ``stream`` sends as SSE, less the ``data: null`` markers between prompts. An error is
-        the last frame, ``{"error": {...}}``."""
-        shape = NativeShape(params, self.model_name)
+    async def frames(self, params: CompletionParams, prompts: list[list[int]],
+                     oai: OaiContext | None = None) -> AsyncIterator[list[dict]]:
+        """The stream frames for Python callers, one list per batch of events: what ``stream``
+        sends as SSE, less the ``data: null`` markers between prompts. An error is the last
+        frame, ``{"error": {...}}``."""
+        shape = self._shape(params, oai)
         async for batch in self._events(params, prompts):
             out: list[dict] = []
-            for ev in batch:
-                if isinstance(ev, TokenEvent):
-                    out += shape.token(ev)
-                elif isinstance(ev, ProgressEvent):
-                    out += shape.progress(ev)
-                elif isinstance(ev, FinalEvent):
-                    out += shape.final(ev, stream=True)
-                elif isinstance(ev, ErrorEvent):
-                    out.append(_error(ev).body())
-                    yield out
-                    return
+            try:
+                for ev in batch:
+                    if isinstance(ev, TokenEvent):
+                        out += shape.token(ev)
+                    elif isinstance(ev, ProgressEvent):
+                        out += shape.progress(ev)
+                    elif isinstance(ev, FinalEvent):
+                        out += shape.final(ev, stream=True)
+                    elif isinstance(ev, ErrorEvent):
+                        raise _error(ev)
+            except ApiError as err:  # the replica's error, or output the chat parser refuses
+                yield [*out, err.body()]
+                return
             if out:
                 yield out
 
@@ -114,19 +109,19 @@ class ResponseShaper:
         sequence has started, errors are frames. The OpenAI formats end with ``data: [DONE]``."""
         shape = self._shape(params, oai)
         started = False
-        frames = self._frames(shape, params, prompts, oai)
+        frames = self._frames(shape, params, prompts)
         try:
             async for item in frames:
                 started = started or not isinstance(item, tuple)
                 yield item
         except Exception as exc:  # the replica died or failed mid-request
             err = from_failure(exc)
-            yield sse(err.body()) if started else (err.code, dumps(err.body()))
+            yield shape.encode_error(err.body()) if started else (err.code, dumps(err.body()))
         finally:
             await frames.aclose()  # a cancelled stream cancels its replica call at once
 
-    async def _frames(self, shape, params: CompletionParams, prompts: list[list[int]],
-                      oai: OaiContext | None) -> AsyncIterator[bytes | tuple[int, bytes]]:
+    async def _frames(self, shape, params: CompletionParams,
+                      prompts: list[list[int]]) -> AsyncIterator[bytes | tuple[int, bytes]]:
         started = ended = False
         events = self._events(params, prompts)
         try:
@@ -141,7 +136,7 @@ class ResponseShaper:
                     if not started and not chunks:
                         yield error.code, dumps(error.body())
                         return
-                    chunks.append(sse(error.body()))
+                    chunks.append(shape.encode_error(error.body()))
                     yield b"".join(chunks)
                     return
                 if chunks:
@@ -151,8 +146,8 @@ class ResponseShaper:
         finally:
             if not ended:  # closed early (the client went away): the replica stops too
                 await close(events)
-        if oai is not None:
-            yield SSE_DONE
+        if shape.done:
+            yield shape.done
 
     @staticmethod
     def _shape_batch(shape, params: CompletionParams, batch: list,
@@ -162,11 +157,11 @@ class ResponseShaper:
             if isinstance(ev, StartEvent):
                 chunks.append(start_marker(ev.index, params))
             elif isinstance(ev, TokenEvent):
-                chunks += [sse(f) for f in shape.token(ev)]
+                chunks += [shape.encode(f) for f in shape.token(ev)]
             elif isinstance(ev, ProgressEvent):
-                chunks += [sse(f) for f in shape.progress(ev)]
+                chunks += [shape.encode(f) for f in shape.progress(ev)]
             elif isinstance(ev, FinalEvent):
-                chunks += [sse(f) for f in shape.final(ev, stream=True)]
+                chunks += [shape.encode(f) for f in shape.final(ev, stream=True)]
             elif isinstance(ev, ErrorEvent):
                 return _error(ev)
         return None

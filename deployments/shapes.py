@@ -6,41 +6,15 @@ Keys are inserted in the reference's order, because clients (and the captures) s
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from engine.types import FinalEvent, ProgressEvent, Timings, TokenEvent, TokenProbs
 
+from .framing import Framing, dumps, sse  # noqa: F401 - dumps and sse are imported from here too
 from .schema import CompletionParams
 
 FLT_MAX = 3.4028234663852886e38
-
-
-def dumps(obj: Any) -> bytes:
-    """Compact JSON, UTF-8 unescaped, as the reference's dump_safe writes it; a non-finite float
-    (a request's 1e400 echoed back) is written as null, as nlohmann::json writes it."""
-    try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        text = json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False)
-    return text.encode()
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + dumps(obj) + b"\n\n"
 
 
 def timings_json(t: Timings) -> dict:
@@ -244,6 +218,7 @@ class OaiContext:
     include_usage: bool = False
     verbose: bool = False
     chat: Any = None  # the chat request's ChatSyntax (deployments/tools): its output is parsed
+    protocol: str = ""  # "responses" or "messages": the chat answer converted (protocols/)
 
 
 def oai_usage(ev: FinalEvent, details: bool = True) -> dict:
@@ -278,8 +253,10 @@ def _envelope(ctx: OaiContext, choices: list, chunk: bool) -> dict:
             "system_fingerprint": ctx.system_fingerprint, "object": ctx.object}
 
 
-class OaiCompletionShape:
+class OaiCompletionShape(Framing):
     """/v1/completions: one builder for the answer, the token chunks and the last chunk."""
+
+    done = b"data: [DONE]\n\n"
 
     def __init__(self, p: CompletionParams, ctx: OaiContext):
         self.p, self.ctx = p, ctx
@@ -316,6 +293,9 @@ class OaiCompletionShape:
         out["id"] = self.ctx.id
         out["prompt_progress"] = progress_frame(ev)["prompt_progress"]
         return [out]
+
+    def merge(self, results: list[dict]) -> dict:
+        return merge_choices(results)
 
 
 class OaiChatShape(OaiCompletionShape):
@@ -381,7 +361,7 @@ def merge_choices(answers: list[dict]) -> dict:
     return out
 
 
-class NativeShape:
+class NativeShape(Framing):
     """llama-server's own objects (/completion): the same interface as the OpenAI shapes."""
 
     def __init__(self, p: CompletionParams, model: str):

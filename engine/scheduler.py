@@ -637,7 +637,8 @@ class Engine:
             if req.stream:
                 timings = task.timings() if (req.timings_per_token or task.stop_type) else None
                 self._emit(task, TokenEvent(req.index, token, sent.decode("utf-8", "replace"),
-                                            task.n_gen, task.n_prompt, timings, probs))
+                                            task.n_gen, task.n_prompt, timings, probs,
+                                            (task.parent or task).n_cache))
         if task.n_prompt + task.n_gen >= self.config.n_ctx:
             task.stop_type, task.truncated = "limit", True
         if task.stop_type is None and req.n_predict != -1 and task.n_gen >= req.n_predict:

@@ -170,6 +170,7 @@ class TokenEvent:
     n_prompt: int
     timings: Timings | None = None
     probs: TokenProbs | None = None
+    n_cache: int = 0  # prompt tokens reused from the cache (the Messages API's message_start)
 
 
 @dataclass(slots=True)

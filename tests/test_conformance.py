@@ -31,4 +31,4 @@ def test_capture(client, capture):
 
 
 def test_every_capture_is_replayed():
-    assert len(CAPTURE_LIST) == 46
+    assert len(CAPTURE_LIST) == 52

@@ -73,3 +73,44 @@ def test_stream_flag_must_match_the_method(handle):
         handle.complete.remote({**DEF_MAIN, "stream": True}).result()
     with pytest.raises(RequestError, match="handle.complete"):
         list(handle.options(stream=True).stream.remote({**DEF_MAIN, "stream": False}))
+
+
+RESPONSES = {"input": "hello", "max_output_tokens": 6, "temperature": 0, "cache_prompt": False}
+MESSAGES = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
+            "temperature": 0}
+
+
+def test_responses_and_messages_entry_points(handle, client):
+    """handle.responses / responses_stream and handle.messages / messages_stream: the protocol's
+    answer and stream events as dicts, equal to what HTTP answers."""
+    result = handle.responses.remote(RESPONSES).result()
+    over_http = client.post("/v1/responses", json=RESPONSES).json()
+    assert list(result) == list(over_http) and result["output"][0]["content"] == \
+        over_http["output"][0]["content"]
+    events = list(handle.options(stream=True).responses_stream.remote(RESPONSES))
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["response"]["output"][0]["content"] == result["output"][0]["content"]
+
+    result = handle.messages.remote(MESSAGES).result()
+    over_http = client.post("/v1/messages", json=MESSAGES).json()
+    assert list(result) == list(over_http) and result["content"] == over_http["content"]
+    events = list(handle.options(stream=True).messages_stream.remote(MESSAGES))
+    assert [e["type"] for e in events[:2]] == ["message_start", "content_block_start"]
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == result["content"][0]["text"]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("responses", "/v1/responses", {**RESPONSES, "previous_response_id": "resp_1"}),
+    ("messages", "/v1/messages", {**MESSAGES, "max_tokens": -5}),
+])
+def test_protocol_errors_carry_the_http_envelope(handle, client, method, path, body):
+    from deployments.errors import RequestError
+
+    over_http = client.post(path, json=body)
+    with pytest.raises(RequestError) as raised:
+        getattr(handle, method).remote(body).result()
+    assert (raised.value.status, raised.value.envelope) == (400, over_http.json())
+    with pytest.raises(RequestError) as raised:
+        list(getattr(handle.options(stream=True), method + "_stream").remote(body))
+    assert raised.value.envelope == over_http.json()

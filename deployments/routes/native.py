@@ -103,7 +103,7 @@ async def stream(model: ModelEndpoint, params: CompletionParams,
     )
 
 # ---- Python handle API ---------------------------------------------------------------------
-def _handle_body(body: Any, stream: bool) -> Any:
+def handle_body(body: Any, stream: bool) -> Any:
     """The body a handle method validates: ``stream`` is implied by the method called, so a body
     asking for the other one is refused rather than silently answered the wrong way."""
     if not isinstance(body, dict) or "stream" not in body:
@@ -120,7 +120,7 @@ async def _prepare_handle(ingress: IngressBase, body: Any, stream: bool):
     try:
         await ingress.check_ready()
         model = ingress.model_of(body)
-        return (model, *prepare(model, _handle_body(body, stream)))
+        return (model, *prepare(model, handle_body(body, stream)))
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
 
@@ -128,8 +128,13 @@ async def _prepare_handle(ingress: IngressBase, body: Any, stream: bool):
 async def complete_handle(ingress: IngressBase, body: Any) -> Any:
     """handle.complete.remote(body): the native answer as a dict (a list for several prompts or
     n_cmpl > 1), validated as POST /completion validates it; errors raise RequestError."""
-    model, params, prompts = await _prepare_handle(ingress, body, stream=False)
-    status, result = await model.shaper.result.remote(params, prompts)
+    return await handle_result(*await _prepare_handle(ingress, body, stream=False))
+
+
+async def handle_result(model: ModelEndpoint, params: CompletionParams,
+                        prompts: list[list[int]], oai: OaiContext | None = None) -> Any:
+    """The shaper's answer for a handle caller; an error answer raises RequestError."""
+    status, result = await model.shaper.result.remote(params, prompts, oai)
     if status != 200:
         raise RequestError(status, result)
     return result
@@ -138,8 +143,15 @@ async def complete_handle(ingress: IngressBase, body: Any) -> Any:
 async def stream_handle(ingress: IngressBase, body: Any) -> AsyncIterator[dict]:
     """handle.options(stream=True).stream.remote(body): the native stream frames as dicts; an
     error (before or after the first frame) raises RequestError."""
-    model, params, prompts = await _prepare_handle(ingress, body, stream=True)
-    async for batch in model.shaper.options(stream=True).frames.remote(params, prompts):
+    async for frame in handle_frames(*await _prepare_handle(ingress, body, stream=True)):
+        yield frame
+
+
+async def handle_frames(model: ModelEndpoint, params: CompletionParams,
+                        prompts: list[list[int]],
+                        oai: OaiContext | None = None) -> AsyncIterator[dict]:
+    """The shaper's stream frames for a handle caller; an error frame raises RequestError."""
+    async for batch in model.shaper.options(stream=True).frames.remote(params, prompts, oai):
         for frame in batch:
             error = frame.get("error")
             if error is not None:

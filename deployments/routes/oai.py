@@ -21,17 +21,20 @@ from ..tools.syntax import ChatSyntax
 from . import native
 
 
-def _context(model: ModelEndpoint, kind: str, params: CompletionParams,
-             chat: ChatSyntax | None) -> OaiContext:
+def context(model: ModelEndpoint, kind: str, params: CompletionParams,
+            chat: ChatSyntax | None = None, protocol: str = "") -> OaiContext:
     return OaiContext(object=kind, id=completion_id(), created=int(time.time()),
                       model=model.name, system_fingerprint=BUILD_INFO,
-                      include_usage=params.include_usage, verbose=params.verbose, chat=chat)
+                      include_usage=params.include_usage, verbose=params.verbose, chat=chat,
+                      protocol=protocol)
 
 
-async def _answer(model: ModelEndpoint, native_body: dict, kind: str,
-                  chat: ChatSyntax | None = None) -> Response:
+async def answer(model: ModelEndpoint, native_body: dict, kind: str,
+                 chat: ChatSyntax | None = None, protocol: str = "") -> Response:
+    """Run a native body; the answer in the OpenAI ``kind`` shape, or the chat shape converted
+    to ``protocol``'s (deployments/protocols/)."""
     params, prompts = native.prepare(model, native_body)
-    oai = _context(model, kind, params, chat)
+    oai = context(model, kind, params, chat, protocol)
     if params.stream:
         return await native.stream(model, params, prompts, oai)
     status, payload = await model.shaper.complete.remote(params, prompts, oai)
@@ -48,7 +51,7 @@ async def completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
-    return await _answer(model, completion_body(body), "text_completion")
+    return await answer(model, completion_body(body), "text_completion")
 
 
 async def chat_completions(ingress: IngressBase, request: Request) -> Response:
@@ -56,7 +59,7 @@ async def chat_completions(ingress: IngressBase, request: Request) -> Response:
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
     native_body, syntax = chat_body(body, model)
-    return await _answer(model, native_body, "chat.completion", syntax)
+    return await answer(model, native_body, "chat.completion", syntax)
 
 
 async def apply_template(ingress: IngressBase, request: Request) -> Response:
@@ -71,5 +74,10 @@ async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    prompt, _ = chat_prompt(body, model.chat, read_tools(body).tools)
-    return json_response({"input_tokens": len(model.vocab.tokenize_prompt(prompt))})
+    return json_response({"input_tokens": count_input_tokens(model, body)})
+
+
+def count_input_tokens(model: ModelEndpoint, chat: dict) -> int:
+    """The prompt tokens of a chat body (its tools rendered), as a completion tokenizes them."""
+    prompt, _ = chat_prompt(chat, model.chat, read_tools(chat).tools)
+    return len(model.vocab.tokenize_prompt(prompt))

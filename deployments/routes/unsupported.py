@@ -10,16 +10,8 @@ from fastapi.responses import Response
 from ..base import IngressBase
 from ..errors import ApiError
 
-RESPONSES = "the Responses API is not supported by mlxray yet (issue #19)"
-MESSAGES = "the Anthropic Messages API is not supported by mlxray yet (issue #19)"
 # route -> the reason shown to the client
 NOT_SUPPORTED = {
-    "/responses": RESPONSES,
-    "/v1/responses": RESPONSES,
-    "/responses/input_tokens": RESPONSES,
-    "/v1/responses/input_tokens": RESPONSES,
-    "/v1/messages": MESSAGES,
-    "/v1/messages/count_tokens": MESSAGES,
     "/infill": "Infill is not supported by this model: prefix token is missing. "
                "(mlxray does not serve fill-in-the-middle)",
     "/rerank": "reranking is not supported by mlxray (it serves no reranking models)",

@@ -27,7 +27,7 @@ CHOICES = ("auto", "none", "required")
 class ToolRequest:
     """What the request's tool fields say."""
 
-    tools: list[dict]  # the OpenAI tools, as given (for the template)
+    tools: list[dict]  # the OpenAI tools as the template sees them
     declared: list[dict]  # {"name", "parameters"} of each
     choice: str  # auto, none, required, or "function" (a named one)
     named: str = ""
@@ -66,8 +66,9 @@ def _dump(value: Any) -> str:
 
 def read_tools(body: dict) -> ToolRequest:
     raw = body.get("tools")
-    tools = raw if raw is not None and raw != [] else []
-    declared = parse_tools(tools) if raw is not None and raw != [] else []
+    declared = parse_tools(raw) if raw is not None and raw != [] else []
+    # rebuilt from what was parsed, as the reference renders them: other keys (strict) dropped
+    tools = [{"type": "function", "function": tool} for tool in declared]
     choice, named = _tool_choice(body.get("tool_choice", "auto"), declared)
     parallel = body.get("parallel_tool_calls", True)
     return ToolRequest(tools, declared, choice, named,
