@@ -16,6 +16,7 @@ from ray.serve.handle import DeploymentHandle
 
 from engine.vocab import Vocab, load_vocab
 
+from .adapters import AdapterTable
 from .chat import ChatTemplate
 from .config import GraphArgs
 from .errors import ApiError, invalid
@@ -45,6 +46,7 @@ class ModelEndpoint:
             eog_ids=tuple(sorted(vocab.eog_ids)),
         )
         self.chat = ChatTemplate(vocab.hf, args.chat_template())
+        self.adapters = AdapterTable(args)
         self.special_token = lambda text: _special_token(vocab, text)
         self._ready = False
         self._model_info: dict | None = None
@@ -93,14 +95,16 @@ class IngressBase:
         self.started = time.time()
 
     def select(self, name: Any) -> ModelEndpoint:
-        """The model a request names; the first one when it names none (a missing, empty or
-        non-string ``model``). An unknown name is the router's 400."""
-        if len(self.models) == 1 or not isinstance(name, str) or not name:
+        """The model a request names, or the model of the LoRA adapter it names (models are
+        matched first); the first one when it names none (a missing, empty or non-string
+        ``model``). An unknown name is the router's 400 (ignored with a single model)."""
+        if not isinstance(name, str) or not name:
             return self.models[0]
-        model = self.by_name.get(name)
-        if model is None:
-            raise invalid(f"model '{name}' not found")
-        return model
+        model = self.by_name.get(name) or next(
+            (m for m in self.models if m.adapters and m.adapters.find(name)), None)
+        if model is not None or len(self.models) == 1:
+            return model or self.models[0]
+        raise invalid(f"model '{name}' not found")
 
     def model_of(self, body: Any, request: Request | None = None) -> ModelEndpoint:
         """The model of a request: its body's ``model``, else its ``model`` query parameter."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from . import cli_lora
 from .config import GraphArgs
 from .schema import REASONING_FORMATS
 
@@ -115,6 +116,7 @@ HONORED: tuple[Option, ...] = (
     Option(("--webui",), "webui", "LLAMA_ARG_WEBUI", None,
            "the web page at / (chat and the graph's status; default on)",
            negative=("--no-webui",)),
+    *cli_lora.options(Option),
 )
 
 
@@ -172,7 +174,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--no-mmap", "--mmap"), "LLAMA_ARG_MMAP", LOADING),
     Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
     Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
-    Unhonored(("--lora",), None, "LoRA adapters are not supported by mlxray"),
     Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
     Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
               "mlxray has no speculative decoding"),
@@ -274,6 +275,7 @@ def parse(argv: Sequence[str], environ: dict[str, str]) -> argparse.Namespace:
     if names:
         raise Refused(refusal(names))
     ns = parser().parse_args(list(argv))
+    ns.argv = list(argv)
     for opt in HONORED:
         from_flag = getattr(ns, opt.dest) is not None
         if not from_flag:
@@ -336,6 +338,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
         fields["reasoning_budget_tokens"] = ns.reasoning_budget
     if ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).is_dir() else ns.model
+    fields.update(cli_lora.lora_fields(ns, ns.argv))
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})
     total = ns.ctx_size or model_context(probe.model_path)
     if total and parallel >= 1:

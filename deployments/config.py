@@ -3,6 +3,7 @@ typo in a config fails at start with a clear message."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.adapter_folder import AdapterError, adapter_kind
 from engine.types import Gather
 
 from .schema import INT32_MAX, REASONING_FORMATS
@@ -81,6 +83,23 @@ class GraphArgs(BaseModel):
         "none", description="embedding pooling (--pooling); none: the model's default here")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
     webui: bool = Field(True, description="serve the web page at / (--webui / --no-webui)")
+    adapters: tuple[str | dict[str, Any], ...] = Field(
+        (), description="mlx-lm adapter folders loaded at start (--lora, --lora-scaled): a path, "
+                        "or {path, scale (1.0), name (the folder's name)}; LoRA adapters are "
+                        "applied per request (ids 0, 1, ... in this order), DoRA and full "
+                        "fine-tunes are fused into a model of their own, named by the adapter")
+    lora_init_without_apply: bool = Field(
+        False, description="adapters start at scale 0 until POST /lora-adapters sets one "
+                           "(--lora-init-without-apply)")
+    lora_dir: str | None = Field(
+        None, description="a folder of LoRA adapter folders loaded on demand: a request whose "
+                          "`model` is one's folder name uses it (Ray Serve model multiplexing)")
+    max_adapters_per_replica: int = Field(
+        8, ge=1, description="on-demand adapters a replica holds; the least recently used is "
+                             "unloaded past it")
+    adapter: str | None = Field(
+        None, description="a DoRA or full fine-tune folder fused into the weights (an `adapters` "
+                          "entry of those kinds becomes such a model)")
     models: tuple[dict[str, Any], ...] = Field(
         (), description="several models in one application: each entry sets one model's keys "
                         "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "
@@ -100,23 +119,70 @@ class GraphArgs(BaseModel):
             raise ValueError(f"model folder not found: {self.model}")
         if self.chat_template_file is not None and self.chat_template() is None:
             raise ValueError(f"chat template file not found: {self.chat_template_file}")
+        if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
+            raise ValueError(f"lora_dir folder not found: {self.lora_dir}")
+        self.adapter_specs()
         self.model_configs()
         return self
+
+    def adapter_specs(self) -> tuple[AdapterSpec, ...]:
+        """The ``adapters`` entries, each with its name, path, scale and kind."""
+        specs = []
+        for entry in self.adapters:
+            entry = {"path": entry} if isinstance(entry, str) else dict(entry)
+            unknown = sorted(set(entry) - {"path", "scale", "name"})
+            if unknown or not isinstance(entry.get("path"), str):
+                raise ValueError(f"adapters: {entry}: an adapter is a path or {{path, scale, "
+                                 f"name}}" + (f" (unknown: {', '.join(unknown)})" if unknown
+                                              else ""))
+            given = entry["path"]
+            path = next((str(c.resolve()) for c in (Path(given), REPO_ROOT / given)
+                         if c.is_dir()), given)
+            try:
+                kind = adapter_kind(path)
+            except AdapterError as exc:
+                raise ValueError(f"adapters: {exc}") from None
+            name = entry.get("name") or Path(path).name
+            specs.append(AdapterSpec(str(name), path, float(entry.get("scale", 1.0)), kind,
+                                     given))
+        return tuple(specs)
+
+    def lora_specs(self) -> tuple[AdapterSpec, ...]:
+        """The LoRA adapters, in their order (their ids)."""
+        return tuple(s for s in self.adapter_specs() if s.kind == "lora")
 
     def model_configs(self) -> tuple[GraphArgs, ...]:
         """One GraphArgs per model the application serves, the default (first) one first: this
         one alone, or each ``models`` entry over the keys set here."""
-        if not self.models:
-            return (self,)
-        shared = self.model_dump(exclude={"models"}, exclude_unset=True)
-        configs = tuple(_model_entry(i, entry, shared) for i, entry in enumerate(self.models))
+        if self.models:
+            shared = self.model_dump(exclude={"models"}, exclude_unset=True)
+            configs = tuple(_model_entry(i, entry, shared) for i, entry in enumerate(self.models))
+        else:
+            configs = (self,)
+        configs = tuple(c for config in configs for c in (config, *config.fused_models()))
         seen: set[str] = set()
         for config in configs:
             if config.model_name in seen:  # llama-server's router refuses the same
                 raise ValueError(f"model '{config.model_name}' appears multiple times "
                                  "(give each entry its own alias)")
             seen.add(config.model_name)
+        for config in configs:
+            for spec in config.lora_specs():
+                if spec.name in seen:  # model names are matched first: one would be hidden
+                    raise ValueError(f"'{spec.name}' names both a model and an adapter, or two "
+                                     "adapters (give the adapter a name)")
+                seen.add(spec.name)
         return configs
+
+    def fused_models(self) -> tuple[GraphArgs, ...]:
+        """A model of its own for each DoRA or full adapter: the base with it fused in."""
+        fused = [s for s in self.adapter_specs() if s.kind != "lora"]
+        if not fused:
+            return ()
+        keys = self.model_dump(exclude={"models", "adapters", "alias", "adapter", "lora_dir"},
+                               exclude_unset=True)
+        return tuple(GraphArgs.model_validate({**keys, "model": self.model, "alias": spec.name,
+                                               "adapter": spec.path}) for spec in fused)
 
     @property
     def model_path(self) -> str:
@@ -143,6 +209,15 @@ class GraphArgs(BaseModel):
     @property
     def model_name(self) -> str:
         return self.alias or self.model
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    name: str
+    path: str
+    scale: float
+    kind: str  # lora, dora or full
+    given: str  # the path as the config or command line spells it (GET /lora-adapters)
 
 
 def _model_entry(index: int, entry: dict[str, Any], shared: dict[str, Any]) -> GraphArgs:

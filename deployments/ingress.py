@@ -16,7 +16,7 @@ from ray import serve
 from . import openapi
 from .app import app
 from .base import IngressBase
-from .routes import embeddings, info, native, oai, protocols, unsupported, webui
+from .routes import adapters, embeddings, info, native, oai, protocols, unsupported, webui
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=1000)
@@ -125,6 +125,14 @@ class Ingress(IngressBase):
     async def status(self, request: Request) -> Response:
         return await webui.status(self, request)
 
+    @app.get("/lora-adapters")
+    async def lora_adapters(self, request: Request) -> Response:
+        return await adapters.list_adapters(self, request)
+
+    @app.post("/lora-adapters")
+    async def set_lora_adapters(self, request: Request) -> Response:
+        return await adapters.set_scales(self, request)
+
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
     # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy
     # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
@@ -133,8 +141,6 @@ class Ingress(IngressBase):
     @app.post("/reranking")
     @app.post("/v1/rerank")
     @app.post("/v1/reranking")
-    @app.get("/lora-adapters")
-    @app.post("/lora-adapters")
     @app.post("/audio/transcriptions")
     @app.post("/v1/audio/transcriptions")
     @app.get("/v1/stream")

@@ -29,6 +29,7 @@ from engine.types import (
     SamplingParams,
 )
 
+from .adapters import AdapterError, ReplicaAdapters
 from .config import GraphArgs
 from .schema import CompletionParams
 from .status import engine_snapshot, start_reporting
@@ -66,6 +67,7 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 id_slot=params.id_slot if j == 0 else -1,
                 index=p * n + j,
                 child=j > 0,
+                adapters=params.adapters,
                 tag=params,
             ))
     return out
@@ -109,18 +111,21 @@ class ModelReplica:
         self.loaded: LoadedModel | None = None
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
+        self.adapters = ReplicaAdapters(args)
+        self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
         self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
         self._loader.start()
 
     def _load(self) -> None:
         try:
-            loaded = load_model(self.args.model_path)
+            loaded = load_model(self.args.model_path, self.args.adapter)
             engine = Engine(loaded, EngineConfig(
                 n_parallel=self.args.n_parallel, n_ctx=self.args.n_ctx,
                 n_batch=self.args.n_batch, cache_entries=self.args.cache_entries,
                 max_queue=self.args.max_queue,
             ))
             engine.start()
+            self.adapters.load_startup(engine)
             self.loaded, self.engine = loaded, engine
             start_reporting(self.args.model_name, lambda: engine_snapshot(engine))
         except BaseException as exc:  # surfaced through check_health
@@ -150,11 +155,15 @@ class ModelReplica:
         """
         try:
             engine = self._engine()
+            await self.adapters.hold(params.adapters, self._load_adapter)
             requests = to_requests(params, prompts)
             stream = aio.generate(engine, requests, self.args.gather)
             first = await anext(stream)
         except EngineError as exc:
             yield [exc.to_event()]
+            return
+        except AdapterError as exc:
+            yield [EngineError(str(exc)).to_event()]
             return
         try:
             yield first
@@ -221,6 +230,12 @@ class ModelReplica:
             log.exception("slot %s failed", action)
             return {"error": {"message": f"slot {action} failed: {exc}", "code": 500,
                               "type": "server_error"}}
+
+    async def adapter_state(self) -> dict:
+        """This replica's LoRA adapters: loaded now, and on-demand loads so far by name."""
+        engine = self._engine()
+        return {"pid": os.getpid(), "loaded": sorted(engine.adapters.loaded),
+                "loads": dict(self.adapters.loads)}
 
     async def engine_state(self) -> dict:
         """The engine's bookkeeping and this process's id, for the reliability tests and

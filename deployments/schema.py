@@ -227,6 +227,12 @@ class CompletionParams:
     samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
     # read outside the schema
     id_slot: int = -1
+    # the LoRA adapters the request runs with, resolved from `lora` and `model` by the
+    # ingress (deployments/adapters.py): (name, scale) pairs; the adapter `model` named, if
+    # any; an on-demand adapter that routes it to a replica holding it (multiplexing)
+    adapters: tuple[tuple[str, float], ...] = ()
+    adapter_model: str = ""
+    multiplex_id: str = ""
     # what the client sent, for the refusal check
     sent: set[str] = field(default_factory=set)
 
@@ -257,13 +263,11 @@ def _parse_breakers(value: Any, ctx: ParseContext) -> list[str]:
 
 
 def _parse_lora(value: Any, ctx: ParseContext) -> list[dict]:
+    from .adapters import lora_list  # it builds on this module's conversions
+
     if not isinstance(value, list):
         raise ValueError("Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
-    out = []
-    for entry in value:
-        if isinstance(entry, dict) and "id" in entry and "scale" in entry:
-            out.append({"id": to_int(entry["id"]), "scale": to_float(entry["scale"])})
-    return out
+    return lora_list(value)
 
 
 def _parse_stop(value: Any, ctx: ParseContext) -> list[str]:
@@ -463,7 +467,7 @@ FIELDS: tuple[Field, ...] = (
     Field("min_keep", "int32", hard=(0, INT32_MAX)),
     Field("backend_sampling", "bool", policy="inert"),
     Field("post_sampling_probs", "bool"),
-    Field("lora", "custom", parse=_parse_lora, policy="inert"),
+    Field("lora", "custom", parse=_parse_lora),  # resolved by deployments/adapters.py
     Field("dry_sequence_breakers", "custom", parse=_parse_breakers),
     Field("json_schema", "custom", aliases=("grammar",), parse=_parse_any),
     Field("grammar_lazy", "bool"),

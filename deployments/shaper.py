@@ -32,7 +32,10 @@ class ResponseShaper:
 
     def _events(self, params: CompletionParams, prompts: list[list[int]]):
         """The replica's event batches; those that queue up while we work arrive as one."""
-        return coalesce(self.replica.generate.remote(params, prompts), concat_lists)
+        replica = self.replica
+        if params.multiplex_id:  # to a replica holding the request's on-demand adapter
+            replica = replica.options(multiplexed_model_id=params.multiplex_id)
+        return coalesce(replica.generate.remote(params, prompts), concat_lists)
 
     def _shape(self, params: CompletionParams, oai: OaiContext | None):
         if oai is None:

@@ -30,13 +30,19 @@ class LoadedModel:
     ftype: str = "all F32"
 
 
-def load_model(path: str) -> LoadedModel:
-    """Load with mlx_lm.load: a local folder, or a Hugging Face id when the hub is reachable."""
+def load_model(path: str, adapter: str | None = None) -> LoadedModel:
+    """Load with mlx_lm.load: a local folder, or a Hugging Face id when the hub is reachable;
+    ``adapter``: a DoRA or full fine-tune folder fused into the weights (engine/lora.py)."""
     from mlx_lm import load
     from mlx_lm.utils import get_total_parameters
 
     pick_device()
     model, wrapper, config = load(path, return_config=True)
+    if adapter is not None:
+        from .lora import fuse_adapter
+
+        fuse_adapter(model, adapter)
+        mx.eval(model.parameters())
     hf = getattr(wrapper, "_tokenizer", wrapper)
     vocab = Vocab(hf, set(getattr(wrapper, "eos_token_ids", None) or ()))
     args = getattr(model, "args", None)

@@ -1,12 +1,13 @@
 """The prompt (prefix) cache: mlx-lm's LRUPromptCache with llama.cpp's reuse rule on top.
 
-Entries are KV caches keyed by the tokens they hold, in one trie, evicted least recently used
-first (a hit counts as a use). llama.cpp always re-evaluates at least one prompt token (spec
-§5.9), so a prompt of n tokens reuses at most n - 1: the longest entry that is a prefix of its
-first n - 1 tokens, or an entry sharing a longer prefix trimmed back to it where its cache can be
-trimmed. Caches that cannot be trimmed (sliding windows once full, state-space layers) are reused
-only from an entry that is an exact prefix: engine/cache_snapshots.py stores such entries inside
-the prompt as it is read.
+Entries are KV caches keyed by the tokens they hold, in one trie per key (the LoRA adapters and
+scales they were computed under: a prompt never reuses another setting's prefix), evicted least
+recently used first (a hit counts as a use). llama.cpp always re-evaluates at least one prompt
+token (spec §5.9), so a prompt of n tokens reuses at most n - 1: the longest entry that is a
+prefix of its first n - 1 tokens, or an entry sharing a longer prefix trimmed back to it where its
+cache can be trimmed. Caches that cannot be trimmed (sliding windows once full, state-space
+layers) are reused only from an entry that is an exact prefix: engine/cache_snapshots.py stores
+such entries inside the prompt as it is read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-_MODEL_KEY = "model"
+_MODEL_KEY = "model"  # entries without adapters; others go under engine/lora.py's adapter_key
 _VALUE = "__value__"  # LRUPromptCache's trie: a node's entry, beside its children by token
 
 
@@ -43,12 +44,12 @@ class PrefixCache:
     def nbytes(self) -> int:
         return self._lru.nbytes
 
-    def lookup(self, tokens: list[int]) -> Hit:
+    def lookup(self, tokens: list[int], key: str = _MODEL_KEY) -> Hit:
         """The longest reusable prefix of ``tokens`` but its last token."""
         head = list(tokens[:-1])
         if not head:
             return Hit()
-        node, n_shared, prefix = self._root(), 0, None
+        node, n_shared, prefix = self._root(key), 0, None
         while node is not None and n_shared < len(head) and head[n_shared] in node:
             node = node[head[n_shared]]
             n_shared += 1
@@ -59,35 +60,36 @@ class PrefixCache:
             suffix, entry = trimmable
             cache = copy.deepcopy(entry.prompt_cache)
             trim_prompt_cache(cache, len(suffix))
-            self._touch(head[:n_shared] + suffix)
+            self._touch(head[:n_shared] + suffix, key)
             return Hit(cache, n_shared, n_shared)
         if prefix is None:
             return Hit(None, 0, n_shared)
-        self._touch(head[:prefix])
-        return Hit(copy.deepcopy(self._entry(head[:prefix]).prompt_cache), prefix, n_shared)
+        self._touch(head[:prefix], key)
+        return Hit(copy.deepcopy(self._entry(head[:prefix], key).prompt_cache), prefix, n_shared)
 
-    def longest(self, tokens: list[int]) -> tuple[list[Any] | None, int]:
+    def longest(self, tokens: list[int],
+                key: str = _MODEL_KEY) -> tuple[list[Any] | None, int]:
         """A copy of the cache holding the longest cached prefix of ``tokens``, untrimmed."""
         if not tokens:
             return None, 0
-        cache, rest = self._lru.fetch_nearest_cache(_MODEL_KEY, list(tokens))
+        cache, rest = self._lru.fetch_nearest_cache(key, list(tokens))
         return (cache, len(tokens) - len(rest)) if cache is not None else (None, 0)
 
-    def discard(self, tokens: list[int]) -> bool:
+    def discard(self, tokens: list[int], key: str = _MODEL_KEY) -> bool:
         """Drop the entry stored under exactly ``tokens``; True if there was one."""
-        key = list(tokens)
-        if self._lru._trie.search(_MODEL_KEY, key).exact is None:
+        tokens = list(tokens)
+        if self._lru._trie.search(key, tokens).exact is None:
             return False
-        entry = self._lru._trie.pop(_MODEL_KEY, key)
+        entry = self._lru._trie.pop(key, tokens)
         self._lru._n_bytes -= entry.nbytes
         self._lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
-        self._lru._lru.remove(_MODEL_KEY, key)
+        self._lru._lru.remove(key, tokens)
         return True
 
-    def discard_prefixes(self, tokens: list[int]) -> int:
+    def discard_prefixes(self, tokens: list[int], key: str = _MODEL_KEY) -> int:
         """Drop every entry stored under a prefix of ``tokens`` (a slot's prompt snapshots and its
         last state); the longest one's length, 0 if none."""
-        stored, node = [], self._root()
+        stored, node = [], self._root(key)
         for depth, token in enumerate(tokens, 1):
             node = node.get(token) if node is not None else None
             if node is None:
@@ -95,28 +97,28 @@ class PrefixCache:
             if _VALUE in node:
                 stored.append(depth)
         for depth in stored:
-            self.discard(tokens[:depth])
+            self.discard(tokens[:depth], key)
         return max(stored, default=0)
 
-    def store(self, tokens: list[int], cache: list[Any]) -> None:
+    def store(self, tokens: list[int], cache: list[Any], key: str = _MODEL_KEY) -> None:
         if tokens:
-            self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)
+            self._lru.insert_cache(key, list(tokens), cache)
 
     def clear(self) -> None:
         self._lru.trim_to(n_sequences=0)
 
     # ---- the trie of mlx-lm's LRUPromptCache ------------------------------------------------
-    def _root(self) -> dict | None:
-        return self._lru._trie._trie.get(_MODEL_KEY)
+    def _root(self, key: str) -> dict | None:
+        return self._lru._trie._trie.get(key)
 
-    def _entry(self, key: list[int]) -> LRUPromptCache.CacheEntry:
-        return self._lru._trie.get(_MODEL_KEY, key)
+    def _entry(self, tokens: list[int], key: str) -> LRUPromptCache.CacheEntry:
+        return self._lru._trie.get(key, tokens)
 
-    def _touch(self, key: list[int]) -> None:
+    def _touch(self, tokens: list[int], key: str) -> None:
         """A hit makes its entry the most recently used."""
         order = self._lru._lru
-        order.remove(_MODEL_KEY, key)
-        order.push(_MODEL_KEY, key)
+        order.remove(key, tokens)
+        order.push(key, tokens)
 
 
 def _shortest_trimmable(node: dict) -> tuple[list[int], Any] | None:

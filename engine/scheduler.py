@@ -24,6 +24,7 @@ from mlx_lm.generate import BatchGenerator, generation_stream
 
 from .cache_snapshots import Snapshots, segments
 from .grammar import GrammarCache, GrammarError, GrammarProcessor
+from .lora import BASE_KEY, AdaptedBatchGenerator, AdapterSet, adapter_key
 from .model import LoadedModel
 from .prefix_cache import Hit, PrefixCache
 from .sampling import (
@@ -81,6 +82,7 @@ class Slot:
     task: Task | None = None
     last_used: float = 0.0
     last_tokens: list[int] = field(default_factory=list)
+    cache_key: str = BASE_KEY  # the prefix cache's key of last_tokens (its adapters)
     n_prompt_processed: int = 0
     last: Task | None = None  # the task it ran last, kept for /slots
 
@@ -147,6 +149,7 @@ class Engine:
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
         self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
         self.snapshots = Snapshots(loaded.model)
+        self.adapters = AdapterSet(loaded.model)  # LoRA adapters, per sequence (engine/lora.py)
         self.grammars = GrammarCache(loaded.vocab.hf, self.vocab.n_vocab, self.vocab.eog_ids)
         self._inbox: queue.Queue = queue.Queue()
         # admission units in arrival order: one prompt with its n_cmpl children, admitted at once
@@ -188,6 +191,9 @@ class Engine:
 
     def validate(self, req: GenerationRequest) -> None:
         check_prompt(req.prompt_tokens, self.vocab.n_vocab, self.config.n_ctx)
+        missing = self.adapters.check(req.adapters)
+        if missing is not None:
+            raise EngineError(f"LoRA adapter '{missing}' is not loaded", 503, "unavailable_error")
         if req.grammar:
             try:
                 self.grammars.template(req.grammar)  # compiled once, cached for the launch
@@ -314,6 +320,12 @@ class Engine:
             "n_submitted": self._n_submitted,
         }
 
+    def adapters_in_use(self) -> set[str]:
+        """The adapters of every sequence queued, holding a slot or in the batch."""
+        tasks = [*self._by_uid.values(), *(s.task for s in self.slots if s.task is not None),
+                 *(t for unit in list(self._waiting) for t in unit)]
+        return {name for t in tasks for name, _ in t.req.adapters}
+
     @property
     def n_deferred(self) -> int:
         """Requests waiting for a slot (llama.cpp's deferred tasks)."""
@@ -337,8 +349,10 @@ class Engine:
 
     def _new_batch_generator(self) -> BatchGenerator:
         n = self.config.n_parallel
-        return BatchGenerator(
+        self.adapters.rows.by_uid.clear()
+        return AdaptedBatchGenerator(
             self.loaded.model,
+            self.adapters.rows,
             max_tokens=self.config.n_ctx,
             completion_batch_size=n,
             prefill_batch_size=n,
@@ -457,7 +471,8 @@ class Engine:
             for child in [task, *task.children]:
                 self._retire(child)
             return
-        hit = self.prefix_cache.lookup(prompt) if req.cache_prompt else Hit()
+        key = adapter_key(req.adapters)
+        hit = self.prefix_cache.lookup(prompt, key) if req.cache_prompt else Hit()
         cache, n_reused = hit.cache, hit.n_reused
         task.n_cache = n_reused
         task.snapshots = self.snapshots.points(len(prompt), hit, req.n_predict, self.config.n_ctx)
@@ -481,6 +496,7 @@ class Engine:
         )[0]
         task.uid = uid
         self._by_uid[uid] = task
+        self.adapters.assign(uid, task.req.adapters)
 
     def _at_cut(self, task: Task, position: int) -> None:
         """A prompt segment was read: keep a snapshot there, start the n_cmpl children from the
@@ -490,7 +506,7 @@ class Engine:
             return
         cache, tokens = self._bg.extract_cache([task.uid])[task.uid]
         if position in task.snapshots:
-            self.prefix_cache.store(list(tokens), cache)
+            self.prefix_cache.store(list(tokens), cache, adapter_key(task.req.adapters))
         if task.children and is_last:
             self._start_children(task, cache)
 
@@ -686,8 +702,11 @@ class Engine:
             caches = self._bg.remove([task.uid], return_prompt_caches=True)
             if task.uid in caches:
                 cache, cached_tokens = caches[task.uid]
-                self.prefix_cache.store(cached_tokens, cache)
+                self.prefix_cache.store(cached_tokens, cache, adapter_key(task.req.adapters))
+            self.adapters.release(task.uid)
             task.uid = -1
+            if self.adapters.retiring:
+                self.adapters.collect(self.adapters_in_use())
         self.metrics.on_retire(task.n_prompt - task.n_cache, task.n_cache,
                                task.timings().prompt_ms, task.n_gen,
                                (task.t_last - task.t_first) if task.n_gen else 0.0,
@@ -699,6 +718,7 @@ class Engine:
             slot.last_used = time.perf_counter()
             # the tokens its cache holds: BatchGenerator has read every token it returned
             slot.last_tokens = task.req.prompt_tokens + task.tokens
+            slot.cache_key = adapter_key(task.req.adapters)
         if emit and not task.group.cancelled:
             if first_invalid_utf8(task.text.generated) is not None:
                 self._emit(task, ErrorEvent(task.req.index, 500, BAD_OUTPUT_MESSAGE,

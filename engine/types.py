@@ -113,6 +113,8 @@ class GenerationRequest:
     id_slot: int = -1
     index: int = 0
     child: bool = False  # an n_cmpl child: shares the prompt evaluated by the request before it
+    # LoRA adapters of this sequence: (name, scale) pairs, nonzero scales, sorted by name
+    adapters: tuple[tuple[str, float], ...] = ()
     tag: object = None  # the caller's own data, echoed by Engine.slot_states (e.g. the params)
 
 

@@ -75,14 +75,17 @@ async def set_props(ingress: IngressBase, request: Request) -> Response:
 # ---- models --------------------------------------------------------------------------------
 async def models(ingress: IngressBase, request: Request) -> Response:
     """The single-model body of the reference, with one entry per model in both lists, in the
-    application's order (the default first)."""
+    application's order (the default first), each followed by its LoRA adapters (a request's
+    ``model`` may name one)."""
     await ingress.guard(request)
     infos = [await model.model_info() for model in ingress.models]
     created = int(time.time())
+    named = [(model, info, name) for model, info in zip(ingress.models, infos)
+             for name in (model.name, *(a.name for a in model.adapters.adapters))]
     return json_response({
-        "models": [_ollama_entry(model.name) for model in ingress.models],
+        "models": [_ollama_entry(name) for _, _, name in named],
         "object": "list",
-        "data": [_oai_entry(model, info, created) for model, info in zip(ingress.models, infos)],
+        "data": [_oai_entry(model, info, created, name) for model, info, name in named],
     })
 
 
@@ -96,11 +99,12 @@ def _ollama_entry(name: str) -> dict:
     }
 
 
-def _oai_entry(model: ModelEndpoint, info: dict, created: int) -> dict:
+def _oai_entry(model: ModelEndpoint, info: dict, created: int, name: str) -> dict:
+    """A model's entry, or one of its adapters' (the model's figures, no aliases)."""
     args = model.args
     return {
-        "id": model.name,
-        "aliases": [args.alias] if args.alias else [],
+        "id": name,
+        "aliases": [args.alias] if args.alias and name == model.name else [],
         "tags": [],
         "object": "model",
         "created": created,

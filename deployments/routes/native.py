@@ -78,6 +78,8 @@ def prepare(model: ModelEndpoint, body: Any) -> tuple[CompletionParams, list[lis
     try:
         prompts = [model.vocab.tokenize_prompt(p) for p in split_prompts(body)]
         params = parse_completion(body, model.parse_context, model.defaults)
+        if model.adapters:
+            model.adapters.resolve(params, body.get("model"))
         for tokens in prompts:
             check_prompt(tokens, model.vocab.n_vocab, model.args.n_ctx)
     except EngineError as exc:

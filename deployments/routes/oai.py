@@ -24,7 +24,7 @@ from . import native
 def context(model: ModelEndpoint, kind: str, params: CompletionParams,
             chat: ChatSyntax | None = None, protocol: str = "") -> OaiContext:
     return OaiContext(object=kind, id=completion_id(), created=int(time.time()),
-                      model=model.name, system_fingerprint=BUILD_INFO,
+                      model=params.adapter_model or model.name, system_fingerprint=BUILD_INFO,
                       include_usage=params.include_usage, verbose=params.verbose, chat=chat,
                       protocol=protocol)
 

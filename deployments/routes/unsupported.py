@@ -18,7 +18,6 @@ NOT_SUPPORTED = {
     "/reranking": "reranking is not supported by mlxray (it serves no reranking models)",
     "/v1/rerank": "reranking is not supported by mlxray (it serves no reranking models)",
     "/v1/reranking": "reranking is not supported by mlxray (it serves no reranking models)",
-    "/lora-adapters": "LoRA adapters are not supported by mlxray yet (issue #20)",
     "/audio/transcriptions": "audio input is not supported by mlxray (text-only models)",
     "/v1/audio/transcriptions": "audio input is not supported by mlxray (text-only models)",
     "/v1/stream": "resumable streams are not supported by mlxray",
