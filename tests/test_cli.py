@@ -63,7 +63,7 @@ def test_environment_variables_and_flag_precedence():
 
 @pytest.mark.parametrize("argv,environ,named", [
     (["-ngl", "99"], {}, "-ngl"),
-    (["-t", "4", "--lora", "a.gguf"], {}, "-t, --lora"),
+    (["-t", "4", "--mmproj", "a.gguf"], {}, "-t, --mmproj"),
     (["--chat-template=chatml"], {}, "--chat-template"),
     ([], {"LLAMA_ARG_N_GPU_LAYERS": "99"}, "LLAMA_ARG_N_GPU_LAYERS"),
 ])

@@ -98,7 +98,8 @@ TABLE: dict[str, Case] = {
     "min_keep": case("honored", {"min_keep": 30}, {"min_p": 0.9}),
     "backend_sampling": case("inert", {"backend_sampling": True}),
     "post_sampling_probs": case("honored", {}, proof="test:test_post_sampling_probs"),
-    "lora": case("inert", {"lora": [{"id": 0, "scale": 0.5}]}),
+    "lora": case("honored", {}, proof="test:test_adapters_http."
+                                      "test_lora_ids_pick_adapters_and_scale_zero_is_the_base"),
     "logit_bias": case("honored", {"logit_bias": [[FIRST_GREEDY_TOKEN, False]]}, GREEDY),
     "ignore_eos": case("honored", {"ignore_eos": True}, {"logit_bias": [[EOS, 30.0]]}),
     "stop": case("honored", {}, proof="capture:stop_newline"),

@@ -338,7 +338,7 @@ def test_loading_is_503_on_every_route(handler):
 
 # ---- routes mlxray does not serve ----------------------------------------------------------
 UNSERVED = [("GET" if p == "/v1/stream" else "POST", p) for p in sorted(unsupported.NOT_SUPPORTED)]
-OTHER_METHODS = [("DELETE", "/v1/stream"), ("GET", "/lora-adapters")]
+OTHER_METHODS = [("DELETE", "/v1/stream")]
 
 
 @pytest.mark.parametrize(("method", "path"), [
