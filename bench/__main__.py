@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's BatchGenerator")
     p.add_argument("--no-grammar", action="store_true",
                    help="skip the grammar scenario (8 sequences, half constrained)")
+    p.add_argument("--no-adapters", action="store_true",
+                   help="skip the adapter scenario (8 sequences, half on two LoRA adapters)")
     return p.parse_args(argv)
 
 
@@ -188,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
 
             bar.set_description("grammar")
             doc["grammar"] = scenario(engine, 32 if args.quick else 96, 1 if args.quick else 3)
+        if not args.no_adapters:
+            from .adapter_throughput import scenario as adapter_scenario
+
+            bar.set_description("adapters")
+            doc["adapters"] = adapter_scenario(model_path, 32 if args.quick else 64,
+                                               2 if args.quick else 6)
         if "graph" in systems:
             bar.set_description("prefix cache")
             cold, warm = graph.run_prefix(base, prefix_prompts, tick)
@@ -218,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     if "grammar" in doc:
         print(f"(grammar scenario) grammar_half_vs_free_throughput@8 {doc['grammar']['ratio']:.3f}"
               " (target >= 0.7)")
+    if "adapters" in doc:
+        print(f"(adapter scenario) mixed_vs_base_alone_throughput@8 "
+              f"{doc['adapters']['mixed_vs_base_alone']:.3f} (from CPU ms per token: "
+              f"{doc['adapters']['cpu_mixed_vs_base_alone']:.3f})")
     for line in ratio_lines(doc["ratios"]):
         print(line)
     return 0

@@ -101,7 +101,8 @@ class BatchedLoRA(nn.Module):
 
     def __init__(self, base: nn.Module, rows: RowTable):
         super().__init__()
-        self.base = base
+        self.base = base  # a child module: the model's parameter tree keeps its weights
+        self.__dict__["_base"] = base  # the same, found without Module.__getattr__ (per call)
         self._rows = rows
         self._stack = _Stack()
 
@@ -124,13 +125,15 @@ class BatchedLoRA(nn.Module):
         mx.eval(self._stack.a, self._stack.b, self._stack.owner, self._stack.alpha)
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self.base(x)
+        y = self._base(x)
         stack = self._stack
-        scales = self._rows.columns(stack)
+        scales = self._rows.columns(stack, x.ndim)
         if scales is None:
             return y
-        z = ((x @ stack.a) * scales[:, None, :]) @ stack.b
-        return y + z.astype(x.dtype)
+        xa = (x @ stack.a) * scales
+        if xa.dtype == y.dtype:
+            return mx.addmm(y, xa, stack.b)  # y + xa @ B in one op
+        return y + (xa @ stack.b).astype(y.dtype)  # as mlx-lm: the delta in the adapter's dtype
 
 
 class RowTable:
@@ -160,14 +163,17 @@ class RowTable:
         finally:
             self._scales, self._active, self._columns = saved
 
-    def columns(self, stack: _Stack) -> mx.array | None:
-        """(rows, columns) scales of a layer's stack; None when no row uses its adapters."""
+    def columns(self, stack: _Stack, ndim: int) -> mx.array | None:
+        """The scales of a layer's stack, (rows, 1.., columns) for an input of ``ndim``
+        dimensions; None when no row uses its adapters."""
         if self._scales is None or not (stack.slots & self._active):
             return None
-        scales = self._columns.get(stack.signature)
+        key = (stack.signature, ndim)
+        scales = self._columns.get(key)
         if scales is None:
             scales = mx.take(self._scales, stack.owner, axis=1) * stack.alpha
-            self._columns[stack.signature] = scales
+            scales = scales.reshape(scales.shape[0], *(1,) * (ndim - 2), scales.shape[1])
+            self._columns[key] = scales
         return scales
 
 

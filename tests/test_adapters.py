@@ -150,6 +150,21 @@ def test_config_refuses_ambiguous_names_and_non_adapters(folders, bad, message):
         GraphArgs.model_validate(body)
 
 
+def test_init_without_apply_starts_every_adapter_at_zero(folders):
+    from deployments.adapters import AdapterTable
+    from deployments.schema import CompletionParams
+
+    args = GraphArgs.model_validate({"adapters": [str(folders["a"])],
+                                     "lora_init_without_apply": True})
+    table = AdapterTable(args)
+    assert [a["scale"] for a in table.listing()] == [0.0]
+    params = CompletionParams()
+    table.resolve(params, None)
+    assert params.adapters == ()
+    table.resolve(params, "a")  # naming it applies it at the scale it was loaded with
+    assert params.adapters == (("a", 1.0),) and params.adapter_model == "a"
+
+
 def test_command_line_adapters_keep_their_order_across_both_flags(folders):
     a, b = str(folders["a"]), str(folders["b"])
     argv = ["--lora-scaled", f"{b}:0.5", "--lora", a, "--lora-init-without-apply"]

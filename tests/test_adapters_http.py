@@ -182,10 +182,27 @@ def adapter_states() -> dict[int, dict]:
     return states
 
 
+def wait_routed(name: str) -> None:
+    """Until routing knows which replica holds ``name`` (replicas report it every 0.1 s): a
+    handle call with that multiplexed id lands on a holder several times in a row."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("ModelReplica", app_name=APP).options(
+        multiplexed_model_id=name)
+    deadline, in_a_row = time.monotonic() + 60, 0
+    while in_a_row < 5:
+        assert time.monotonic() < deadline, f"{name}: no replica reported holding it"
+        state = handle.adapter_state.remote().result(timeout_s=30)
+        in_a_row = in_a_row + 1 if name in state["loaded"] else 0
+        time.sleep(0.1)
+
+
 def test_multiplexing_loads_each_adapter_once_and_routes_repeats_to_it(client):
     tokens(client, model="q")
-    time.sleep(1.0)  # the replica reports the adapters it holds every 0.1 s
+    wait_routed("q")
     for _ in range(8):
         tokens(client, model="q")
-    loads = [state["loads"].get("q", 0) for state in adapter_states().values()]
-    assert sorted(loads) == [0, 1]  # loaded by one replica, which got all nine requests
+    states = adapter_states().values()
+    assert sorted(state["loads"].get("q", 0) for state in states) == [0, 1]
+    # at most one on-demand adapter per replica (max_adapters_per_replica): the LRU unloads
+    assert all(len(set(state["loaded"]) - {"a", "b"}) <= 1 for state in states)
