@@ -18,12 +18,16 @@ multiplexed model id, which routes them to a replica that holds it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray import serve
+
 from engine.adapter_folder import AdapterError, adapter_kind
+from engine.lora import read_lora
 
 from .config import GraphArgs
 from .errors import invalid
@@ -146,18 +150,17 @@ class ReplicaAdapters:
 
     def load_startup(self, engine: Any) -> None:
         """Before the replica is ready: every adapter of the config, on the engine's thread."""
-        from engine.lora import read_lora
-
         self.engine = engine
         specs = self.startup
         engine.run_on_loop(lambda e: [e.adapters.add(read_lora(s.path, s.name)) for s in specs])
 
     def multiplexed(self, limit: int) -> Callable:
-        """The loader Ray Serve multiplexes (a plain function: it keeps its LRU on it)."""
+        """The loader Ray Serve multiplexes (a plain function: Serve keeps its LRU on it); the
+        replica keeps it as an attribute, where Serve finds it."""
         async def load_adapter(name: str) -> _Loaded:
             return await self._load(name)
 
-        return serve_multiplexed(limit)(load_adapter)
+        return serve.multiplexed(max_num_models_per_replica=limit)(load_adapter)
 
     async def hold(self, adapters: tuple[tuple[str, float], ...],
                    load: Callable) -> None:
@@ -168,10 +171,6 @@ class ReplicaAdapters:
                 await load(name)
 
     async def _load(self, name: str) -> _Loaded:
-        import asyncio
-
-        from engine.lora import read_lora
-
         if self.lora_dir is None or not _plain_name(name):
             raise AdapterError(f"no adapter '{name}' to load")
         path = self.lora_dir / name
@@ -198,9 +197,3 @@ class _Loaded:
             engine.run_on_loop(lambda e: e.adapters.remove(name, e.adapters_in_use()))
         except Exception:  # noqa: BLE001 - the replica is going away
             pass
-
-
-def serve_multiplexed(limit: int) -> Callable:
-    from ray import serve
-
-    return serve.multiplexed(max_num_models_per_replica=limit)
