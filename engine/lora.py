@@ -66,13 +66,13 @@ def read_lora(path: str | Path, name: str) -> LoraWeights:
                 raise AdapterError(f"{path}: {module} has no matching lora_a/lora_b pair")
             modules[module] = (a, b)
     if not modules or any(k.rsplit(".", 1)[-1] not in ("lora_a", "lora_b") for k in weights):
-        raise AdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA pairs only")
+        raise AdapterError(f"{path}: {WEIGHTS_FILE} must hold lora_a/lora_b pairs, and only them")
     return LoraWeights(name, alpha, modules)
 
 
 def fuse_adapter(model: nn.Module, path: str | Path) -> None:
-    """Load a DoRA or full adapter into ``model`` the way mlx-lm does, then fuse its layers into
-    plain ones (``mlx_lm.fuse``), so it runs as fast as the base."""
+    """Load an adapter (DoRA or full; a LoRA works too) into ``model`` the way mlx-lm does, then
+    fuse its layers into plain ones (``mlx_lm.fuse``), so it runs as fast as the base."""
     from mlx_lm.tuner.utils import load_adapters
 
     load_adapters(model, str(path))
