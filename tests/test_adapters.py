@@ -91,6 +91,26 @@ def test_prefix_cache_never_serves_a_prefix_of_other_adapters(engine):
     assert cached((("a", 0.75),))[0] == 0  # another scale is another key
 
 
+def test_slot_files_keep_the_adapter_settings(engine, tmp_path):
+    from engine import slot_store
+
+    prompt = "def slot_file(path):\n    return open(path).read()\n" * 2
+    adapters = (("b", 0.5),)
+    final = finals(engine, request(engine, adapters, cache_prompt=True, prompt=prompt))[0]
+    path = tmp_path / "slot.bin"
+    saved = engine.run_on_loop(lambda e: slot_store.save(e, final.id_slot, path, "slot.bin"))
+    assert saved["n_saved"] > 0
+    engine.run_on_loop(lambda e: slot_store.erase(e, final.id_slot))
+    again = finals(engine, request(engine, adapters, cache_prompt=True, prompt=prompt))[0]
+    assert again.timings.cache_n == 0  # erased
+    engine.run_on_loop(lambda e: slot_store.erase(e, again.id_slot))
+    engine.run_on_loop(lambda e: slot_store.restore(e, 0, path, "slot.bin"))
+    restored = finals(engine, request(engine, adapters, cache_prompt=True, prompt=prompt))[0]
+    assert restored.timings.cache_n > 0 and restored.tokens == final.tokens
+    base = finals(engine, request(engine, (), cache_prompt=True, prompt=prompt))[0]
+    assert base.timings.cache_n <= 1  # the restored state is the adapter's, not the base's
+
+
 def test_unloading_waits_for_the_sequences_using_the_adapter(engine, folders):
     from engine.lora import read_lora
 
