@@ -108,7 +108,8 @@ def test_slot_files_keep_the_adapter_settings(engine, tmp_path):
     restored = finals(engine, request(engine, adapters, cache_prompt=True, prompt=prompt))[0]
     assert restored.timings.cache_n > 0 and restored.tokens == final.tokens
     base = finals(engine, request(engine, (), cache_prompt=True, prompt=prompt))[0]
-    assert base.timings.cache_n <= 1  # the restored state is the adapter's, not the base's
+    # the restored state is the adapter's: the base reuses at most what other base prompts share
+    assert base.timings.cache_n < 3 < restored.timings.cache_n
 
 
 def test_unloading_waits_for_the_sequences_using_the_adapter(engine, folders):
