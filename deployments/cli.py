@@ -403,7 +403,10 @@ def run(config: dict) -> None:
     from ray.serve.schema import ApplicationStatus, ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(config)
-    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", namespace=SERVE_NAMESPACE)
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    # a cluster of its own advertises this machine's MLX device (configs/cluster.yaml asks for it)
+    devices = {"resources": {"mlx_device": 1}} if address == "local" else {}
+    ray.init(address=address, namespace=SERVE_NAMESPACE, **devices)
     client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
                                    proxy_location=schema.proxy_location,
                                    grpc_options=gRPCOptions(**schema.grpc_options.model_dump()))

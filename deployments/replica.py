@@ -111,6 +111,8 @@ class ModelReplica:
         self.load_error: BaseException | None = None
         self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
         self._loader.start()
+        self._reporting = start_reporting(
+            args.model_name, lambda: None if self.engine is None else engine_snapshot(self.engine))
 
     def _load(self) -> None:
         try:
@@ -122,7 +124,6 @@ class ModelReplica:
             ))
             engine.start()
             self.loaded, self.engine = loaded, engine
-            start_reporting(self.args.model_name, lambda: engine_snapshot(engine))
         except BaseException as exc:  # surfaced through check_health
             log.exception("model load failed")
             self.load_error = exc
