@@ -23,6 +23,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 
 from .cache_snapshots import Snapshots, segments
+from .chain import chain_processor, infill_vocab
 from .grammar import GrammarCache, GrammarError, GrammarProcessor
 from .model import LoadedModel
 from .prefix_cache import Hit, PrefixCache
@@ -164,6 +165,7 @@ class Engine:
         self._n_dequeued = 0
         self.n_cancelled = 0  # requests cancelled while queued or running
         self._breakers = lru_cache(maxsize=16)(self._dry_breakers)
+        self._infill = infill_vocab(self.vocab)
         self._task_ids = itertools.count(0)
         self.metrics = EngineMetrics()
 
@@ -511,7 +513,7 @@ class Engine:
         sampling = task.req.sampling
         breakers = self._breakers(tuple(sampling.dry_sequence_breakers)) if (
             dry_active(sampling)) else None
-        processors = make_processors(sampling, self.vocab.n_vocab, breakers)
+        processors = make_processors(sampling, self.vocab.n_vocab)
         budget = None
         if task.req.reasoning_budget is not None:
             budget = self._reasoning_budget(task.req.reasoning_budget)
@@ -529,6 +531,9 @@ class Engine:
             task.grammar = self.grammars.processor(task.req.grammar, waiting, hold)
             task.grammar.prefill(self._prefill(task.req.grammar_prefill))  # checked by validate
             processors.append(task.grammar)
+        chain = chain_processor(sampling, task.seed, breakers, self._infill)
+        if chain is not None:  # the samplers before the draw, in their order, after the grammar
+            processors.append(chain)
         sampler = make_sampler(sampling, task.seed, self.vocab.n_vocab, record)
         only_bias = sampling.logit_bias and len(processors) == 1 and sampling.n_probs == 0
         if sampler is greedy and only_bias:  # make_processors puts the bias first
