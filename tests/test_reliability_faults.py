@@ -45,15 +45,25 @@ def test_ray_serve_admits_up_to_the_engine_bound():
 
 
 def test_config_files_can_build_the_graph():
-    """``serve run`` calls the builder the way Ray Serve checks it: one parameter, the args."""
+    """Each configs/*.yaml is a Serve config whose applications build: ``serve run`` calls the
+    builder the way Ray Serve checks it, with one parameter, the application's args."""
+    import yaml
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
 
     from deployments.graph import build_app
 
-    from .conftest import MODEL
+    from .conftest import REPO
 
-    app = call_user_app_builder_with_args_if_necessary(build_app, {"model": MODEL})
-    assert type(app).__name__ == "Application"
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    assert len(configs) >= 4
+    for path in configs:
+        config = yaml.safe_load(path.read_text())
+        ServeDeploySchema.model_validate(config)
+        for app in config["applications"]:
+            assert app["import_path"] == "deployments.graph:build_app", path.name
+            built = call_user_app_builder_with_args_if_necessary(build_app, app["args"])
+            assert type(built).__name__ == "Application", path.name
 
 
 def test_past_the_queue_bound_is_503_and_the_queue_is_served_in_arrival_order(queue_app):
