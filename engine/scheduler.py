@@ -24,6 +24,7 @@ from mlx_lm.generate import BatchGenerator, generation_stream
 
 from .cache_snapshots import Snapshots, segments
 from .chain import chain_processor, infill_vocab
+from .checks import check_prompt
 from .grammar import GrammarCache, GrammarError, GrammarProcessor
 from .model import LoadedModel
 from .prefix_cache import Hit, PrefixCache
@@ -871,21 +872,6 @@ def _guarded_processor(task: Task, processor: Callable) -> Callable:
             return logits
 
     return process
-
-
-def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
-    """Refuse what the reference refuses at slot launch: unknown ids, a prompt filling the slot."""
-    if not all(0 <= t < n_vocab for t in tokens):
-        raise EngineError("Prompt contains invalid tokens")
-    n = len(tokens)
-    if n >= n_ctx:
-        raise EngineError(
-            f"request ({n} tokens) exceeds the available context size ({n_ctx} tokens), "
-            "try increasing it",
-            type="exceed_context_size_error",
-            n_prompt_tokens=n,
-            n_ctx=n_ctx,
-        )
 
 
 def _top(values: mx.array, n: int) -> tuple[list[int], list[float]]:
