@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import BatchGenerator
 
 from .cache_snapshots import Snapshots, segments
 from .chain import chain_processor, infill_vocab
 from .checks import check_prompt
+from .device import WiredLimit, engine_stream, without_wired_limit
 from .grammar import GrammarCache, GrammarError, GrammarProcessor
 from .model import LoadedModel
 from .prefix_cache import Hit, PrefixCache
@@ -158,6 +159,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._bg: BatchGenerator | None = None
+        self._stream: mx.Stream | None = None  # on the model's device, made by the loop's thread
+        self._wired = WiredLimit()
         self._dirty: dict[int, Group] = {}
         self.error: BaseException | None = None
         # admission units submitted / units that left the queue (admitted, cancelled, failed):
@@ -325,7 +328,9 @@ class Engine:
     # ---- the scheduler thread ---------------------------------------------------------
     def _run(self) -> None:
         try:
-            with mx.stream(generation_stream):
+            self._stream = engine_stream(self.loaded.device or mx.default_device())
+            self._wired.raise_()  # once for the engine's life, whatever generators come and go
+            with mx.stream(self._stream):
                 self._bg = self._new_batch_generator()
                 while not self._stopping.is_set():
                     self._drain_inbox(block=self.n_active == 0 and not self._waiting)
@@ -337,16 +342,19 @@ class Engine:
             log.exception("engine loop died")
             self.error = exc
             self._fail_all(f"engine loop died: {exc}")
+        finally:
+            self._wired.restore(self._stream)
 
     def _new_batch_generator(self) -> BatchGenerator:
         n = self.config.n_parallel
-        return BatchGenerator(
+        return without_wired_limit(BatchGenerator(
             self.loaded.model,
             max_tokens=self.config.n_ctx,
             completion_batch_size=n,
             prefill_batch_size=n,
             prefill_step_size=self.config.n_batch,
-        )
+            stream=self._stream,
+        ))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
