@@ -50,17 +50,17 @@ def capture_answer(name: str) -> dict:
 
 def test_props_values(client):
     """Every value of the reference's /props on the same settings (capture props), in its key
-    order, but what names this process: the model's path, the random media marker, the build it
-    answers as, and ui (no web UI yet: as the reference with --no-webui)."""
+    order, but what names this process: the model's path, the random media marker and the build
+    it answers as."""
     props = client.get("/props").json()
     reference = capture_answer("props")
     assert list(props) == list(reference)
-    own = {"model_path", "media_marker", "build_info", "ui"}
+    own = {"model_path", "media_marker", "build_info"}
     assert {k: v for k, v in props.items() if k not in own} == {
         k: v for k, v in reference.items() if k not in own}
     assert props["model_path"].endswith("models/tiny-python")
     assert props["media_marker"].startswith("<__media_") and len(props["media_marker"]) == 44
-    assert (props["build_info"], props["ui"]) == ("b10621-c1d0e7a", False)
+    assert props["build_info"] == "b10621-c1d0e7a"
 
 
 # " return" opens the budget, "\n" ends it; "def main():\n" greedily goes on "    return codecs"
