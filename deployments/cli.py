@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from .config import GraphArgs
+from .config import GraphArgs, replica_ongoing_limit
 from .schema import REASONING_FORMATS
 
 SEED_RANDOM = 0xFFFFFFFF
@@ -385,7 +385,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
             "deployments": [
                 {"name": "Ingress", "ray_actor_options": {"num_cpus": 0.1}},
                 {"name": "ResponseShaper", "ray_actor_options": {"num_cpus": 0.1}},
-                {"name": "ModelReplica", "max_ongoing_requests": 16 * args.get("n_parallel", 4),
+                {"name": "ModelReplica", "max_ongoing_requests": replica_ongoing_limit(graph),
                  "ray_actor_options": {"num_cpus": 0.5}},
             ],
         }],

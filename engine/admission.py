@@ -13,6 +13,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from .cache_snapshots import segments
+from .chain import chain_processor
 from .prefix_cache import Hit
 from .sampling import (
     BudgetState,
@@ -167,7 +168,7 @@ class Admission:
         sampling = task.req.sampling
         breakers = self._breakers(tuple(sampling.dry_sequence_breakers)) if (
             dry_active(sampling)) else None
-        processors = make_processors(sampling, self.vocab.n_vocab, breakers)
+        processors = make_processors(sampling, self.vocab.n_vocab)
         budget = None
         if task.req.reasoning_budget is not None:
             budget = self._reasoning_budget(task.req.reasoning_budget)
@@ -185,6 +186,9 @@ class Admission:
             task.grammar = self.grammars.processor(task.req.grammar, waiting, hold)
             task.grammar.prefill(self._prefill(task.req.grammar_prefill))  # checked by validate
             processors.append(task.grammar)
+        chain = chain_processor(sampling, task.seed, breakers, self._infill)
+        if chain is not None:  # the samplers before the draw, in their order, after the grammar
+            processors.append(chain)
         sampler = make_sampler(sampling, task.seed, self.vocab.n_vocab, record)
         only_bias = sampling.logit_bias and len(processors) == 1 and sampling.n_probs == 0
         if sampler is greedy and only_bias:  # make_processors puts the bias first

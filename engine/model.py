@@ -28,6 +28,7 @@ class LoadedModel:
     size_bytes: int
     chat_template: str | None
     ftype: str = "all F32"
+    device: mx.Device | None = None  # where it was loaded: the engine decodes there
 
 
 def load_model(path: str) -> LoadedModel:
@@ -35,7 +36,7 @@ def load_model(path: str) -> LoadedModel:
     from mlx_lm import load
     from mlx_lm.utils import get_total_parameters
 
-    pick_device()
+    device = pick_device()
     model, wrapper, config = load(path, return_config=True)
     hf = getattr(wrapper, "_tokenizer", wrapper)
     vocab = Vocab(hf, set(getattr(wrapper, "eos_token_ids", None) or ()))
@@ -56,6 +57,7 @@ def load_model(path: str) -> LoadedModel:
         size_bytes=size_bytes,
         chat_template=getattr(hf, "chat_template", None),
         ftype=_ftype(params, config.get("quantization")),
+        device=device,
     )
 
 

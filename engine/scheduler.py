@@ -19,10 +19,13 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import BatchGenerator
 
 from .admission import Admission
 from .cache_snapshots import Snapshots
+from .chain import infill_vocab
+from .checks import check_prompt
+from .device import WiredLimit, engine_stream, without_wired_limit
 from .grammar import GrammarCache, GrammarError
 from .model import LoadedModel
 from .prefix_cache import PrefixCache
@@ -56,6 +59,8 @@ class Engine(Admission, Stepping, Retirement):
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._bg: BatchGenerator | None = None
+        self._stream: mx.Stream | None = None  # on the model's device, made by the loop's thread
+        self._wired = WiredLimit()
         self._dirty: dict[int, Group] = {}
         self.error: BaseException | None = None
         # admission units submitted / units that left the queue (admitted, cancelled, failed):
@@ -64,6 +69,7 @@ class Engine(Admission, Stepping, Retirement):
         self._n_dequeued = 0
         self.n_cancelled = 0  # requests cancelled while queued or running
         self._breakers = lru_cache(maxsize=16)(self._dry_breakers)
+        self._infill = infill_vocab(self.vocab)
         self._task_ids = itertools.count(0)
         self.metrics = EngineMetrics()
 
@@ -222,7 +228,9 @@ class Engine(Admission, Stepping, Retirement):
     # ---- the scheduler thread ---------------------------------------------------------
     def _run(self) -> None:
         try:
-            with mx.stream(generation_stream):
+            self._stream = engine_stream(self.loaded.device or mx.default_device())
+            self._wired.raise_()  # once for the engine's life, whatever generators come and go
+            with mx.stream(self._stream):
                 self._bg = self._new_batch_generator()
                 while not self._stopping.is_set():
                     self._drain_inbox(block=self.n_active == 0 and not self._waiting)
@@ -234,16 +242,19 @@ class Engine(Admission, Stepping, Retirement):
             log.exception("engine loop died")
             self.error = exc
             self._fail_all(f"engine loop died: {exc}")
+        finally:
+            self._wired.restore(self._stream)
 
     def _new_batch_generator(self) -> BatchGenerator:
         n = self.config.n_parallel
-        return BatchGenerator(
+        return without_wired_limit(BatchGenerator(
             self.loaded.model,
             max_tokens=self.config.n_ctx,
             completion_batch_size=n,
             prefill_batch_size=n,
             prefill_step_size=self.config.n_batch,
-        )
+            stream=self._stream,
+        ))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -278,18 +289,3 @@ class Engine(Admission, Stepping, Retirement):
                 task.group.cancelled = found = True
                 self._retire(task, emit=False)
         self.n_cancelled += found
-
-
-def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
-    """Refuse what the reference refuses at slot launch: unknown ids, a prompt filling the slot."""
-    if not all(0 <= t < n_vocab for t in tokens):
-        raise EngineError("Prompt contains invalid tokens")
-    n = len(tokens)
-    if n >= n_ctx:
-        raise EngineError(
-            f"request ({n} tokens) exceeds the available context size ({n_ctx} tokens), "
-            "try increasing it",
-            type="exceed_context_size_error",
-            n_prompt_tokens=n,
-            n_ctx=n_ctx,
-        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
     slot = _idle_slot(engine, id_slot)
     staged = path.with_name(path.name + ".loading.safetensors")
     try:
-        os.link(path, staged)  # mx.load knows the format by the suffix
+        _stage(path, staged)  # mx.load knows the format by the suffix
         cache, metadata = load_prompt_cache(str(staged), return_metadata=True)
         tokens = [int(t) for t in json.loads(metadata[_TOKENS_KEY])]
     except Exception:  # noqa: BLE001 - a missing or foreign file is the client's error
@@ -65,6 +66,17 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
     return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens),
             "n_read": path.stat().st_size,
             "timings": {"restore_ms": (time.perf_counter() - start) * 1e3}}
+
+
+def _stage(path: Path, staged: Path) -> None:
+    """The file under the name mx.load reads: a hard link, or a copy where the file system has
+    none (FAT and exFAT volumes, some network mounts) or refuses it."""
+    try:
+        os.link(path, staged)
+    except OSError:
+        if not path.is_file():
+            raise
+        shutil.copyfile(path, staged)
 
 
 def erase(engine: Engine, id_slot: int) -> dict:
