@@ -3,7 +3,13 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
-PYTHON ?= python3
+# the first Python >= 3.10 on PATH (a stock Mac's python3 is 3.9, which mlxray cannot use)
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+	2>/dev/null && { echo $$p; break; }; done)
+NO_PYTHON = mlxray needs Python 3.10 or newer, and python3 here is \
+	$(shell python3 --version 2>&1 || echo missing): install one (on a Mac: brew install \
+	python@3.12) or name it, e.g. make PYTHON=/opt/homebrew/bin/python3.12
 
 # Ray 2.60 enables token auth by default; a local cluster runs without it.
 export RAY_AUTH_MODE ?= disabled
@@ -14,6 +20,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	$(if $(PYTHON),,$(error $(NO_PYTHON)))
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"

@@ -187,18 +187,18 @@ ROLES = ("ModelReplica", "ResponseShaper", "Ingress", "ProxyActor", "ServeContro
 
 def session_cpu(sid: int) -> dict[str, float]:
     """CPU seconds used so far by each role among the processes of session ``sid`` (a serve run
-    and the local cluster it started), read from /proc; empty where /proc is missing."""
-    tick = os.sysconf("SC_CLK_TCK")
+    and the local cluster it started), through psutil: Linux and macOS alike."""
+    import psutil  # the bench's own dependency (pip install -e ".[bench]"), imported when used
+
     out: dict[str, float] = {}
-    for pid in (d for d in os.listdir("/proc") if d.isdigit()) if os.path.isdir("/proc") else ():
+    for proc in psutil.process_iter(["cmdline"]):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+            if os.getsid(proc.pid) != sid:
+                continue
+            times = proc.cpu_times()
+        except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) != sid:
-            continue
+        cmd = " ".join(proc.info["cmdline"] or ())
         role = next((r for r in ROLES if r in cmd), "other")
-        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[role] = out.get(role, 0.0) + times.user + times.system
     return out

@@ -1,4 +1,5 @@
-"""The ingress's table of one model's LoRA adapters: llama-server's ids, paths and global scales
+"""The ingress's table of one model's LoRA adapters (no MLX here: the replica's side is
+deployments/replica_adapters.py): llama-server's ids, paths and global scales
 (GET and POST /lora-adapters), and what each request runs with.
 
 Adapters loaded at start (``--lora``, ``--lora-scaled``, a config's ``adapters``) get ids 0,
@@ -18,16 +19,12 @@ multiplexed model id, which routes them to a replica that holds it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray import serve
-
 from engine.adapter_folder import AdapterError, adapter_kind
-from engine.lora import read_lora
 
 from .config import GraphArgs
 from .errors import invalid
@@ -64,7 +61,7 @@ class AdapterTable:
         """The adapter of that name: one loaded at start, or registered on demand; else, if
         ``lora_dir`` holds a LoRA adapter folder of that name, that one, registered now."""
         adapter = next((a for a in self.adapters if a.name == name), None)
-        if adapter is not None or self.lora_dir is None or not _plain_name(name):
+        if adapter is not None or self.lora_dir is None or not plain_name(name):
             return adapter
         folder = self.lora_dir / name
         if not folder.is_dir():
@@ -111,7 +108,7 @@ class AdapterTable:
         params.multiplex_id = next((n for n, _ in params.adapters if n in on_demand), "")
 
 
-def _plain_name(name: str) -> bool:
+def plain_name(name: str) -> bool:
     """A folder name inside lora_dir, nothing that leaves it."""
     return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
 
@@ -134,66 +131,3 @@ def _entry_value(entry: Any, key: str, default: Any, convert: Callable[[Any], An
         return convert(entry[key])
     except ValueError:
         return default
-
-
-class ReplicaAdapters:
-    """A model replica's LoRA adapters: those loaded at start, and those of ``lora_dir`` loaded
-    on demand through Ray Serve's model multiplexing (``serve.multiplexed``): an LRU of
-    ``max_adapters_per_replica`` per replica, the least recently used unloaded past it (once no
-    sequence uses it), and the router sends a request to a replica that holds its adapter."""
-
-    def __init__(self, args: GraphArgs):
-        self.startup = args.lora_specs()
-        self.lora_dir = Path(args.lora_dir) if args.lora_dir else None
-        self.engine: Any = None
-        self.loads: dict[str, int] = {}  # on-demand loads by name, for tests and operators
-
-    def load_startup(self, engine: Any) -> None:
-        """Before the replica is ready: every adapter of the config, on the engine's thread."""
-        self.engine = engine
-        specs = self.startup
-        engine.run_on_loop(lambda e: [e.adapters.add(read_lora(s.path, s.name)) for s in specs])
-
-    def multiplexed(self, limit: int) -> Callable:
-        """The loader Ray Serve multiplexes (a plain function: Serve keeps its LRU on it); the
-        replica keeps it as an attribute, where Serve finds it."""
-        async def load_adapter(name: str) -> _Loaded:
-            return await self._load(name)
-
-        return serve.multiplexed(max_num_models_per_replica=limit)(load_adapter)
-
-    async def hold(self, adapters: tuple[tuple[str, float], ...],
-                   load: Callable) -> None:
-        """Load the request's on-demand adapters (or mark them recently used)."""
-        startup = {s.name for s in self.startup}
-        for name, _ in adapters:
-            if name not in startup:
-                await load(name)
-
-    async def _load(self, name: str) -> _Loaded:
-        if self.lora_dir is None or not _plain_name(name):
-            raise AdapterError(f"no adapter '{name}' to load")
-        path = self.lora_dir / name
-        engine = self.engine
-        await asyncio.to_thread(engine.run_on_loop,
-                                lambda e: e.adapters.add(read_lora(path, name)))
-        self.loads[name] = self.loads.get(name, 0) + 1
-        return _Loaded(engine, name)
-
-
-class _Loaded:
-    """What the multiplexer holds per on-demand adapter; it calls ``__del__`` (in a thread)
-    when it drops the adapter from its LRU."""
-
-    def __init__(self, engine: Any, name: str):
-        self.engine, self.name = engine, name
-
-    def __del__(self) -> None:
-        engine, self.engine = self.engine, None
-        if engine is None or not engine.alive:
-            return
-        name = self.name
-        try:
-            engine.run_on_loop(lambda e: e.adapters.remove(name, e.adapters_in_use()))
-        except Exception:  # noqa: BLE001 - the replica is going away
-            pass

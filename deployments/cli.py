@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from . import cli_lora
-from .config import GraphArgs
+from .config import GraphArgs, replica_ongoing_limit
 from .schema import REASONING_FORMATS
 
 SEED_RANDOM = 0xFFFFFFFF
@@ -388,7 +388,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
             "deployments": [
                 {"name": "Ingress", "ray_actor_options": {"num_cpus": 0.1}},
                 {"name": "ResponseShaper", "ray_actor_options": {"num_cpus": 0.1}},
-                {"name": "ModelReplica", "max_ongoing_requests": 16 * args.get("n_parallel", 4),
+                {"name": "ModelReplica", "max_ongoing_requests": replica_ongoing_limit(graph),
                  "ray_actor_options": {"num_cpus": 0.5}},
             ],
         }],
@@ -406,7 +406,10 @@ def run(config: dict) -> None:
     from ray.serve.schema import ApplicationStatus, ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(config)
-    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", namespace=SERVE_NAMESPACE)
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    # a cluster of its own advertises this machine's MLX device (configs/cluster.yaml asks for it)
+    devices = {"resources": {"mlx_device": 1}} if address == "local" else {}
+    ray.init(address=address, namespace=SERVE_NAMESPACE, **devices)
     client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
                                    proxy_location=schema.proxy_location,
                                    grpc_options=gRPCOptions(**schema.grpc_options.model_dump()))

@@ -31,6 +31,8 @@ MAX_INTERVAL_MS = 50.0
 # Settings of the whole application (the ingress's), never of one model: a ``models`` entry
 # may not set them, as llama-server's router keeps its API key from its model presets.
 APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui")
+# Calls other than generation (readiness, model info, slots) that must get through a full queue.
+CONTROL_HEADROOM = 16
 
 
 class GraphArgs(BaseModel):
@@ -231,3 +233,12 @@ def _model_entry(index: int, entry: dict[str, Any], shared: dict[str, Any]) -> G
         details = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
                             for e in exc.errors())
         raise ValueError(f"models[{index}]: {details}") from None
+
+
+def replica_ongoing_limit(config: GraphArgs) -> int:
+    """Ray Serve's max_ongoing_requests for a model replica, the one rule the graph builder and
+    the mlxray command use: every slot busy plus a full engine queue plus room for control calls,
+    so that the engine's own bound (503 past ``max_queue``) is what a client meets, never a
+    request parked in Ray Serve's router. A config that sets another value departs from it on
+    purpose and says why (configs/autoscale.yaml)."""
+    return config.n_parallel + config.max_queue + CONTROL_HEADROOM

@@ -12,27 +12,18 @@ from typing import Any
 
 from ray.serve import Application
 
-from .config import GraphArgs
+from .config import GraphArgs, replica_ongoing_limit
 from .ingress import Ingress
 from .replica import ModelReplica
 from .shaper import ResponseShaper
 from .status import StatusBoard, replica_deployment
 
-# Calls other than generation (readiness, model info, slots) that must get through a full queue.
-CONTROL_HEADROOM = 16
 
 def build_app(args: dict[str, Any] | GraphArgs | None = None) -> Application:
     """The application builder ``import_path: deployments.graph:build_app`` names (Ray Serve
     requires it to take exactly one argument)."""
     config = args if isinstance(args, GraphArgs) else GraphArgs.model_validate(args or {})
     return build_graph(config)
-
-
-def replica_ongoing_limit(config: GraphArgs) -> int:
-    """Ray Serve's max_ongoing_requests for a replica: every slot busy plus a full engine queue,
-    so that the engine's own bound (503 past ``max_queue``) is what a client meets, never a
-    request parked in Ray Serve's router."""
-    return config.n_parallel + config.max_queue + CONTROL_HEADROOM
 
 
 def front_ongoing_limit(config: GraphArgs) -> int:

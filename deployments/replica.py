@@ -29,8 +29,8 @@ from engine.types import (
     SamplingParams,
 )
 
-from .adapters import AdapterError, ReplicaAdapters
 from .config import GraphArgs
+from .replica_adapters import AdapterError, ReplicaAdapters
 from .schema import CompletionParams
 from .status import engine_snapshot, start_reporting
 
@@ -115,6 +115,8 @@ class ModelReplica:
         self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
         self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
         self._loader.start()
+        self._reporting = start_reporting(
+            args.model_name, lambda: None if self.engine is None else engine_snapshot(self.engine))
 
     def _load(self) -> None:
         try:
@@ -127,7 +129,6 @@ class ModelReplica:
             engine.start()
             self.adapters.load_startup(engine)
             self.loaded, self.engine = loaded, engine
-            start_reporting(self.args.model_name, lambda: engine_snapshot(engine))
         except BaseException as exc:  # surfaced through check_health
             log.exception("model load failed")
             self.load_error = exc

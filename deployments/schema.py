@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.grammar import GrammarError, json_schema_grammar
+from engine.grammar_text import GrammarError, json_schema_grammar
 from engine.types import (
     DEFAULT_SAMPLERS,
     RANDOM_SEED,

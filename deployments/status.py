@@ -2,21 +2,22 @@
 
 ``/slots`` and ``/metrics`` answer for whichever replica the router picks; the web page's status
 view needs them all. A Serve handle cannot address one replica, so each replica reports instead:
-a thread in the replica sends a small snapshot to the application's ``StatusBoard`` deployment
+a task on its event loop sends a small snapshot to the application's ``StatusBoard`` deployment
 once a second, and the ingress's ``GET /mlxray/status`` (mlxray's addition, not llama-server's)
 reads the board beside Ray Serve's own view of each deployment. It works with metrics off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import ray
 from ray import serve
 
 log = logging.getLogger("mlxray.status")
@@ -34,6 +35,7 @@ class ReplicaReport:
 
     model: str
     replica: str
+    node: str  # the Ray node the replica runs on
     pid: int
     slots: list[dict]
     n_deferred: int
@@ -108,24 +110,31 @@ def engine_snapshot(engine) -> dict:
                                       "prompt_tokens_cached_total")}}
 
 
-def start_reporting(model: str, snapshot: Callable[[], dict]) -> threading.Event:
-    """Report ``snapshot()`` (slots, n_deferred, token totals) to this application's board every
-    second from a daemon thread; the returned event stops it. Outside Ray Serve (a bare engine in
-    a test) nothing is started."""
-    stop = threading.Event()
+def start_reporting(model: str, snapshot: Callable[[], dict | None]) -> asyncio.Task | None:
+    """Report ``snapshot()`` (slots, n_deferred, token totals; None while the model loads) to
+    this application's board every second. Call it from the replica's constructor: the task runs
+    on the replica's own event loop, where Serve handles work whatever
+    RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD says. Outside a Serve replica (a bare engine in a
+    test) nothing is started."""
     try:
         context = serve.get_replica_context()
-        board = serve.get_deployment_handle(BOARD, context.app_name)
-    except Exception:  # noqa: BLE001 - not a Serve replica, or an application without a board
-        return stop
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
     replica = context.replica_id.unique_id
+    node = ray.get_runtime_context().get_node_id()
 
-    def loop() -> None:
-        while not stop.wait(REPORT_PERIOD_S):
+    async def report_forever() -> None:
+        board = serve.get_deployment_handle(BOARD, context.app_name)
+        while True:
+            await asyncio.sleep(REPORT_PERIOD_S)
+            values = snapshot()
+            if values is None:
+                continue
             try:
-                board.report.remote(ReplicaReport(model=model, replica=replica, **snapshot()))
+                await board.report.remote(ReplicaReport(model=model, replica=replica, node=node,
+                                                        **values))
             except Exception:  # noqa: BLE001 - the board restarts; the next second tries again
                 log.debug("status report failed", exc_info=True)
 
-    threading.Thread(target=loop, name="mlxray-status", daemon=True).start()
-    return stop
+    return loop.create_task(report_forever())

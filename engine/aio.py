@@ -35,6 +35,8 @@ async def generate(
     def sink(events: list[EngineEvent]) -> None:
         loop.call_soon_threadsafe(put, events)
 
+    if any(req.grammar for req in requests):  # a new grammar compiles for a while: off the loop
+        await asyncio.to_thread(_validate, engine, requests)
     group_id = engine.submit(requests, sink)
     remaining = len(requests)
     last_token_batch: float | None = None
@@ -64,3 +66,9 @@ async def generate(
 
 def _ends(batch: list[EngineEvent]) -> bool:
     return any(isinstance(e, (FinalEvent, ErrorEvent)) for e in batch)
+
+
+def _validate(engine: Engine, requests: list[GenerationRequest]) -> None:
+    """What submit checks first, the grammar's compilation (then cached) included."""
+    for req in requests:
+        engine.validate(req)

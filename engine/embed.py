@@ -4,8 +4,6 @@ Runs on the scheduler thread (``Engine.run_on_loop``), between decode steps."""
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 
 from .scheduler import Engine
@@ -37,18 +35,3 @@ def embed(engine: Engine, prompts: list[list[int]], pooling: str) -> list[list[l
             h = h[-1:]
         out.append(h.tolist())
     return out
-
-
-def normalize(vector: list[float], norm: int) -> list[float]:
-    """common_embd_normalize: -1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean,
-    above 2 the p-norm."""
-    if norm == -1:
-        total = 1.0
-    elif norm == 0:
-        total = max((abs(v) for v in vector), default=0.0) / 32760.0
-    elif norm == 2:
-        total = math.sqrt(sum(v * v for v in vector))
-    else:
-        total = sum(abs(v) ** norm for v in vector) ** (1.0 / norm)
-    scale = 1.0 / total if total > 0.0 else 0.0
-    return [v * scale for v in vector]

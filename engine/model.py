@@ -28,6 +28,7 @@ class LoadedModel:
     size_bytes: int
     chat_template: str | None
     ftype: str = "all F32"
+    device: mx.Device | None = None  # where it was loaded: the engine decodes there
 
 
 def load_model(path: str, adapter: str | None = None) -> LoadedModel:
@@ -36,7 +37,7 @@ def load_model(path: str, adapter: str | None = None) -> LoadedModel:
     from mlx_lm import load
     from mlx_lm.utils import get_total_parameters
 
-    pick_device()
+    device = pick_device()
     model, wrapper, config = load(path, return_config=True)
     if adapter is not None:
         from .lora import fuse_adapter
@@ -62,6 +63,7 @@ def load_model(path: str, adapter: str | None = None) -> LoadedModel:
         size_bytes=size_bytes,
         chat_template=getattr(hf, "chat_template", None),
         ftype=_ftype(params, config.get("quantization")),
+        device=device,
     )
 
 

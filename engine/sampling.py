@@ -12,7 +12,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -138,25 +138,24 @@ def temperature_filter(temp: float, dyn_range: float, exponent: float) -> Filter
     return lambda logits: logits / temp
 
 
-def make_filters(p: SamplingParams, rng: random.Random) -> list[Filter]:
-    """The chain's filters in the order of ``p.samplers`` (penalties run as processors)."""
-    filters: list[Filter] = []
-    for name in p.samplers:
-        if name == "top_k" and p.top_k > 0:
-            filters.append(top_k_filter(p.top_k))
-        elif name == "top_p" and p.top_p < 1.0:
-            filters.append(top_p_filter(p.top_p, p.min_keep))
-        elif name == "min_p" and p.min_p > 0.0:
-            filters.append(min_p_filter(p.min_p, p.min_keep))
-        elif name == "typ_p" and p.typical_p < 1.0:
-            filters.append(typical_filter(p.typical_p, p.min_keep))
-        elif name == "top_n_sigma" and p.top_n_sigma > 0.0:
-            filters.append(top_n_sigma_filter(p.top_n_sigma))
-        elif name == "xtc" and p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5:
-            filters.append(xtc_filter(p.xtc_probability, p.xtc_threshold, p.min_keep, rng))
-        elif name == "temperature" and p.temperature > 0.0:
-            filters.append(temperature_filter(p.temperature, p.dynatemp_range, p.dynatemp_exponent))
-    return filters
+def make_filter(name: str, p: SamplingParams, rng: random.Random) -> Filter | None:
+    """One sampler of the chain that reads only the logits; None when it would change nothing
+    (penalties, DRY and infill read more: engine/chain.py)."""
+    if name == "top_k" and p.top_k > 0:
+        return top_k_filter(p.top_k)
+    if name == "top_p" and p.top_p < 1.0:
+        return top_p_filter(p.top_p, p.min_keep)
+    if name == "min_p" and p.min_p > 0.0:
+        return min_p_filter(p.min_p, p.min_keep)
+    if name == "typ_p" and p.typical_p < 1.0:
+        return typical_filter(p.typical_p, p.min_keep)
+    if name == "top_n_sigma" and p.top_n_sigma > 0.0:
+        return top_n_sigma_filter(p.top_n_sigma)
+    if name == "xtc" and p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5:
+        return xtc_filter(p.xtc_probability, p.xtc_threshold, p.min_keep, rng)
+    if name == "temperature" and p.temperature > 0.0:
+        return temperature_filter(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+    return None
 
 
 def resolve_seed(seed: int) -> int:
@@ -256,45 +255,21 @@ def adaptive_p(target: float, decay: float) -> Picker:
     return pick
 
 
-# Filters that can drop the most likely candidate: they still matter before a zero temperature.
-TOP_DROPPING = ("xtc", "typ_p")
-
-
-def zero_temperature(p: SamplingParams, rng: random.Random) -> Sampler:
-    """A zero temperature keeps only the top candidate where the chain reaches it: the shared
-    greedy sampler, unless a filter before it can drop the top candidate."""
-    if p.mirostat:
-        return greedy
-    before = p.samplers[: p.samplers.index("temperature")]
-    filters = make_filters(replace(p, samplers=[n for n in before if n in TOP_DROPPING]), rng)
-    if not filters:
-        return greedy
-
-    def sample(logits: mx.array) -> mx.array:
-        for f in filters:
-            logits = f(logits)
-        return greedy(logits)
-
-    return sample
-
-
 def make_sampler(p: SamplingParams, seed: int, n_vocab: int,
                  record: Callable[[mx.array], None] | None = None) -> Sampler:
-    """The chain in ``p.samplers`` order, then the draw; see zero_temperature for greedy.
-
-    Mirostat replaces the whole chain with temperature then mirostat (llama.cpp's
-    common_sampler_init); ``adaptive_p`` in the sampler list replaces the final draw. ``record``
-    receives the candidates' probabilities after each draw (post_sampling_probs).
-    """
-    rng = random.Random(seed)
+    """The draw, once the chain (engine/chain.py, the last logits processor) has filtered the
+    logits: greedy at a zero temperature, mirostat after its own temperature (llama.cpp's
+    common_sampler_init replaces the chain with the two), adaptive-p when ``samplers`` lists it,
+    else dist. ``record`` receives the candidates' probabilities after each draw
+    (post_sampling_probs)."""
     if p.temperature <= 0.0 and (p.mirostat or "temperature" in p.samplers):
-        return zero_temperature(p, rng)
+        return greedy
+    filters: list[Filter] = []
     if p.mirostat:
-        filters: list[Filter] = [lambda logits: logits / p.temperature]
+        filters.append(lambda logits: logits / p.temperature)
         pick = (mirostat_v1(p.mirostat_tau, p.mirostat_eta, n_vocab) if p.mirostat == 1
                 else mirostat_v2(p.mirostat_tau, p.mirostat_eta))
     else:
-        filters = make_filters(p, rng)
         pick = adaptive_p(p.adaptive_target, p.adaptive_decay) if (
             "adaptive_p" in p.samplers) else dist
     state = {"key": mx.random.key(seed)}
@@ -515,20 +490,14 @@ def dry_active(p: SamplingParams) -> bool:
             and p.dry_base >= 1.0 and p.dry_penalty_last_n > 0)
 
 
-def make_processors(p: SamplingParams, vocab_size: int,
-                    breakers: Breakers | None = None) -> list[LogitsProcessor]:
-    """logit_bias, then penalties and DRY (mirostat drops the sampler list, so both)."""
-    processors: list[LogitsProcessor] = []
-    if p.logit_bias:
-        processors.append(logit_bias_processor(p.logit_bias, vocab_size))
-    penalties_active = p.repeat_last_n > 0 and (
-        p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-    )
-    if p.mirostat == 0 and "penalties" in p.samplers and penalties_active:
-        processors.append(penalties_processor(p))
-    if dry_active(p):
-        processors.append(dry_processor(p, breakers or {}))
-    return processors
+def penalties_active(p: SamplingParams) -> bool:
+    return p.mirostat == 0 and "penalties" in p.samplers and p.repeat_last_n > 0 and (
+        p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
+
+
+def make_processors(p: SamplingParams, vocab_size: int) -> list[LogitsProcessor]:
+    """The logit bias, first of llama.cpp's chain (the rest, after the grammar: chain.py)."""
+    return [logit_bias_processor(p.logit_bias, vocab_size)] if p.logit_bias else []
 
 
 # ---- reasoning budget (llama.cpp's common/reasoning-budget) ----------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
     slot = _idle_slot(engine, id_slot)
     staged = path.with_name(path.name + ".loading.safetensors")
     try:
-        os.link(path, staged)  # mx.load knows the format by the suffix
+        _stage(path, staged)  # mx.load knows the format by the suffix
         cache, metadata = load_prompt_cache(str(staged), return_metadata=True)
         tokens = [int(t) for t in json.loads(metadata[_TOKENS_KEY])]
         key = metadata.get(_ADAPTERS_KEY, BASE_KEY)  # the LoRA settings it was computed under
@@ -69,6 +70,17 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
     return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens),
             "n_read": path.stat().st_size,
             "timings": {"restore_ms": (time.perf_counter() - start) * 1e3}}
+
+
+def _stage(path: Path, staged: Path) -> None:
+    """The file under the name mx.load reads: a hard link, or a copy where the file system has
+    none (FAT and exFAT volumes, some network mounts) or refuses it."""
+    try:
+        os.link(path, staged)
+    except OSError:
+        if not path.is_file():
+            raise
+        shutil.copyfile(path, staged)
 
 
 def erase(engine: Engine, id_slot: int) -> dict:

@@ -3,7 +3,10 @@ normalization rules as ../shared/reference/compare.py: timing values and ``model
 ``id_slot`` may be any slot where the reference names one, generated ids keep the reference's
 prefix (``resp_``, ``msg_``, ``chatcmpl-``), times keep their JSON type, Anthropic usage keeps the
 sum of cached and uncached input tokens, floats match to 1e-5 relative (probabilities to 5e-3
-absolute), and ``shape`` captures compare key order and JSON types only."""
+absolute), ``shape`` captures compare key order and JSON types only, and ``chain`` captures (one
+sampled token with post_sampling_probs) compare in shape and, exactly, the candidates the sampler
+chain leaves before the random draw and their probabilities (the first position's
+``top_probs``; the drawn token depends on the random generator)."""
 
 from __future__ import annotations
 
@@ -128,9 +131,15 @@ def diff(ref: Any, got: Any, path: str = "$", shape: bool = False, key: str = ""
     return [] if ref == got else [f"{path}: {got!r} != reference {ref!r}"]
 
 
+MODES = ("exact", "shape", "chain")
+
+
 def compare(capture: dict, answer: dict) -> list[str]:
     ref = capture["answer"]
-    shape = capture["probe"].get("mode") == "shape"
+    mode = capture["probe"].get("mode", "exact")
+    if mode not in MODES:
+        raise ValueError(f"capture {capture['probe']['name']}: unknown mode {mode!r}")
+    shape = mode == "shape"
     problems = []
     if ref["status"] != answer["status"]:
         problems.append(f"status {answer['status']} != reference {ref['status']}")
@@ -138,9 +147,26 @@ def compare(capture: dict, answer: dict) -> list[str]:
         problems.append(f"content type {answer['content_type']} != {ref['content_type']}")
     if problems:
         return problems
+    if mode == "chain":
+        return diff(ref["body"], answer.get("body"), "$", True) + chain_diff(
+            ref["body"], answer.get("body"))
     for part in ("body", "events", "text"):
         if part in ref:
             if part not in answer:
                 return [f"{part} missing"]
             return diff(ref[part], answer[part], "$", shape)
     return []
+
+
+def chain_diff(ref: Any, got: Any) -> list[str]:
+    """The sampler chain's survivors at the first position: ids, pieces and probabilities."""
+    def first(body: Any) -> Any:
+        try:
+            return body["completion_probabilities"][0]["top_probs"]
+        except (KeyError, IndexError, TypeError):
+            return None
+
+    have = first(got)
+    if have is None:
+        return ["$.completion_probabilities[0].top_probs: missing"]
+    return diff(first(ref), have, "$.completion_probabilities[0].top_probs")

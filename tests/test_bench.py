@@ -85,3 +85,52 @@ def test_markdown_table_lists_every_run():
     table = markdown_table(doc)
     assert "| mlxray engine | 16 | 1100 |" in table
     assert "| `warm_vs_cold_ttft` | — |" in table
+
+
+def test_session_cpu_counts_a_sessions_processes_through_psutil():
+    """A process in a session of its own that burns 0.3 s of CPU is counted there (role
+    "other"), and this process is not; psutil is imported when the accounting runs, not at the
+    module's top."""
+    import os
+    import subprocess
+    import textwrap
+
+    assert "psutil" not in module_imports(REPO / "bench" / "graph.py")
+    burner = textwrap.dedent("""
+        import sys, time
+        while time.process_time() < 0.3:
+            pass
+        print("burnt", flush=True)
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", burner], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "burnt"
+        from bench.graph import session_cpu
+
+        used = session_cpu(proc.pid)
+        assert set(used) == {"other"} and 0.25 <= used["other"] < 5  # clock ticks: 0.01 s
+        assert os.getsid(0) != proc.pid
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def module_imports(path) -> set[str]:
+    """The top-level packages a module imports at its top level (not inside functions)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_bench_only_packages_load_lazily():
+    """The bench extra's packages (psutil, tqdm, matplotlib) are imported where they are used."""
+    for path in sorted((REPO / "bench").glob("*.py")):
+        assert module_imports(path) & {"psutil", "tqdm", "matplotlib"} == set(), path.name

@@ -39,7 +39,8 @@ def test_flags_build_the_serve_config():
         "slots": False, "props": True, "api_key": "k", "slot_save_path": "/tmp/slots",
         "embeddings": True, "pooling": "mean"}
     replica = config["applications"][0]["deployments"][2]
-    assert replica["name"] == "ModelReplica" and replica["max_ongoing_requests"] == 32
+    # the graph's rule (deployments/config.py): 2 slots + a queue of 256 + 16 for control calls
+    assert replica["name"] == "ModelReplica" and replica["max_ongoing_requests"] == 274
 
 
 def test_llama_server_defaults():

@@ -258,19 +258,63 @@ def test_inert_field_changes_nothing(client, greedy_answer, entry):
     assert r.json()["tokens"] == greedy_answer["tokens"]
 
 
+class _SilentShaper:
+    """The shaper's stream as the route sees it: a first frame, then ``delay`` s of silence."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def options(self, stream: bool):
+        return self
+
+    @property
+    def stream(self):
+        return self
+
+    def remote(self, params, prompts, oai=None):
+        return _Frames(self.delay)
+
+
+class _Frames:
+    """A Ray Serve response generator's surface: async iteration and cancel."""
+
+    def __init__(self, delay: float):
+        self.sent, self.delay = 0, delay
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.sent += 1
+        if self.sent == 1:
+            return b"data: first\n\n"
+        if self.sent == 2:
+            await asyncio.sleep(self.delay)
+            return b"data: late\n\n"
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        pass
+
+
 def test_sse_ping_after_silence():
-    """sse_ping_interval: a ``:`` comment after that many seconds without a frame; -1 never."""
-    from deployments.routes.native import _with_pings
+    """sse_ping_interval as the native route reads it: the request's value, parsed by the schema,
+    makes the route's SSE body send a ``:`` comment after that many seconds without a frame; the
+    default (30 s) and -1 send none within 1.3 s."""
+    from types import SimpleNamespace
 
-    async def slow(delay: float):
-        await asyncio.sleep(delay)
-        yield b"data: late\n\n"
+    from deployments.routes.native import stream
+    from deployments.schema import CompletionParams, ParseContext, parse_completion
 
-    async def collect(interval: int, delay: float) -> list[bytes]:
-        return [c async for c in _with_pings(b"data: first\n\n", slow(delay), interval)]
+    async def body(fields: dict) -> list[bytes]:
+        params = parse_completion({"stream": True, **fields}, ParseContext(), CompletionParams())
+        response = await stream(SimpleNamespace(shaper=_SilentShaper(1.3)), params, [[0]])
+        return [chunk async for chunk in response.body_iterator]
 
-    assert asyncio.run(collect(1, 1.3)) == [b"data: first\n\n", b":\n\n", b"data: late\n\n"]
-    assert asyncio.run(collect(-1, 0.1)) == [b"data: first\n\n", b"data: late\n\n"]
+    frames = [b"data: first\n\n", b"data: late\n\n"]
+    assert asyncio.run(body({"sse_ping_interval": 1})) == [frames[0], b":\n\n", frames[1]]
+    assert asyncio.run(body({})) == frames
+    assert asyncio.run(body({"sse_ping_interval": -1})) == frames
 
 
 # ---- options: the mlxray command's parser -------------------------------------------------
@@ -445,6 +489,9 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
         test="tests/test_nowhere.py::test_x")), ["field:stream", "no file tests/test_nowhere.py"]),
     "supported_without_claim": (lambda f: _edit(f, "field:stream", lambda e: e.pop("claim")),
                                 ["field:stream", "supported entry needs 'claim'"]),
+    "weak_proof": (lambda f: _edit(f, "field:top_k", lambda e: e.update(
+        test="tests/test_fields.py::test_honored_field_changes_the_output[top_k]")),
+        ["field:top_k", "only that the output changed"]),
     "divergence_without_rationale": (lambda f: _edit(f, "route:GET /health", lambda e: e.update(
         divergence=["differs"])), ["route:GET /health", "a divergence needs its rationale"]),
     "rationale_without_divergence": (lambda f: _edit(f, "route:GET /metrics", lambda e: e.update(

@@ -205,3 +205,28 @@ def test_a_final_event_ends_the_gather(engine):
     elapsed, batches = asyncio.run(timed())
     assert isinstance(batches[-1][-1], FinalEvent)
     assert elapsed < 5
+
+
+def test_slot_restore_copies_where_hard_links_fail(engine, tmp_path, monkeypatch):
+    """A slot file on a volume without hard links (FAT, some network mounts) is copied under the
+    name mx.load reads instead; the restored prefix is then reused."""
+    import errno
+    import os
+
+    from engine import slot_store
+
+    prompt = "def restored(a, b):\n    return a - b\n" * 2
+    first = finals(run(engine, greedy_request(engine, prompt, 3, id_slot=2)))[0]
+    path = tmp_path / "slot.bin"
+    saved = engine.run_on_loop(lambda e: slot_store.save(e, 2, path, "slot.bin"))
+    engine.run_on_loop(lambda e: slot_store.erase(e, 2))
+
+    def no_links(src, dst, **kw):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    restored = engine.run_on_loop(lambda e: slot_store.restore(e, 3, path, "slot.bin"))
+    assert restored["n_restored"] == saved["n_saved"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["slot.bin"]  # the copy is gone
+    again = finals(run(engine, greedy_request(engine, prompt, 3, id_slot=3)))[0]
+    assert again.timings.cache_n == first.n_prompt - 1 and again.tokens == first.tokens

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine import aio, scheduler
+from engine import admission, aio
 from engine.model import load_model
 from engine.scheduler import Engine, EngineConfig
 from engine.types import (
@@ -103,14 +103,14 @@ def test_cancel_lands_within_one_decode_step(engine):
 
 
 def test_a_failing_launch_fails_that_request_only(engine, monkeypatch):
-    real = scheduler.make_sampler
+    real = admission.make_sampler
 
     def sampler_or_fault(sampling, *args, **kw):
         if sampling.seed == 4242:
             raise RuntimeError("injected sampler fault")
         return real(sampling, *args, **kw)
 
-    monkeypatch.setattr(scheduler, "make_sampler", sampler_or_fault)
+    monkeypatch.setattr(admission, "make_sampler", sampler_or_fault)
 
     async def scenario():
         return await asyncio.gather(collect(engine, short(engine, seed=4242)),
@@ -126,7 +126,7 @@ def test_a_failing_launch_fails_that_request_only(engine, monkeypatch):
 
 def test_a_sampler_failing_mid_batch_fails_that_request_only(engine, monkeypatch):
     """The sampler runs inside the batched decode step: its failure must not fail the batch."""
-    real = scheduler.make_sampler
+    real = admission.make_sampler
 
     def faulty_or_real(sampling, *args, **kw):
         chain = real(sampling, *args, **kw)
@@ -142,7 +142,7 @@ def test_a_sampler_failing_mid_batch_fails_that_request_only(engine, monkeypatch
 
         return sample
 
-    monkeypatch.setattr(scheduler, "make_sampler", faulty_or_real)
+    monkeypatch.setattr(admission, "make_sampler", faulty_or_real)
     alone = asyncio.run(collect(engine, short(engine, "x = 1\n", n=12)))[-1]
 
     async def scenario():

@@ -306,10 +306,34 @@ def test_invalid_utf8_output(client, lone_byte_token):
 
 
 def test_cases_are_real():
-    """Guards the table: every value sent differs from the schema default."""
+    """Guards the table: every value a case sends parses to something else than the schema's
+    default for that field (with the case's base sent both times), so "differs" and "same" are
+    about the field; a refused field's value is refused."""
+    from deployments.schema import CompletionParams, ParseContext, parse_completion
+    from engine.vocab import load_vocab
+
+    vocab = load_vocab(MODEL)
+    ctx = ParseContext(tokenize=lambda text: vocab.tokenize(text, False), n_vocab=vocab.n_vocab,
+                       eog_ids=tuple(sorted(vocab.eog_ids)))
+    by_key = {(f.parent, k): f for f in FIELDS for k in f.keys}
     for name, c in TABLE.items():
-        if c.proof in ("differs", "same", "refused"):
-            assert c.body, name
+        if c.proof not in ("differs", "same", "refused"):
+            continue
+        base = {"prompt": "x", **BASE, **c.base}
+        if c.policy == "refused":
+            with pytest.raises(Exception, match=f"Field '{name}'"):
+                parse_completion({**base, **c.body}, ctx, CompletionParams())
+            continue
+        sent = parse_completion({**base, **c.body}, ctx, CompletionParams())
+        unsent = parse_completion(base, ctx, CompletionParams())
+        for key, value in c.body.items():
+            nested = value.items() if isinstance(value, dict) else [(None, value)]
+            for inner, _ in nested:
+                spec = by_key.get((key, inner)) if inner else by_key.get(("", key))
+                if spec is None:
+                    assert key in SPECULATIVE_KEYS or (key, inner) == ("stream_options", "unknown")
+                    continue
+                assert getattr(sent, spec.target) != getattr(unsent, spec.target), (name, key)
 
 
 

@@ -258,3 +258,32 @@ def test_grammar_dead_end_fails_that_sequence_alone(engine):
     assert isinstance(failed[-1], ErrorEvent) and failed[-1].code == 500
     assert "does not match the grammar" in failed[-1].message
     assert isinstance(completed[-1], FinalEvent) and completed[-1].stop_type in ("limit", "eos")
+
+
+def test_a_new_grammar_compiles_off_the_event_loop(engine, monkeypatch):
+    """Compiling takes a while for a large vocabulary: on the replica's event loop it would stall
+    every other stream there; it runs in a worker thread, and the loop's own submit then finds it
+    compiled."""
+    import threading
+
+    from engine import grammar
+
+    compiled_on: list[int] = []
+    real = grammar.to_lark
+
+    def recording(text: str) -> str:
+        compiled_on.append(threading.get_ident())
+        return real(text)
+
+    monkeypatch.setattr(grammar, "to_lark", recording)
+
+    async def run() -> int:
+        request = GenerationRequest(engine.vocab.tokenize("x = ", add_special=True),
+                                    SamplingParams(temperature=0.0), n_predict=16,
+                                    grammar='root ::= "off" " the loop"')
+        events = [e async for batch in aio.generate(engine, [request]) for e in batch]
+        assert isinstance(events[-1], FinalEvent) and events[-1].content == "off the loop"
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(run())
+    assert compiled_on and loop_thread not in compiled_on

@@ -107,7 +107,10 @@ def test_one_replica_deployment_per_model(two):
 
     deployments = serve.status().applications[APP].deployments
     assert set(deployments) == {"Ingress", "ResponseShaper:tiny-a", "ModelReplica:tiny-a",
-                                "ResponseShaper:tiny-b", "ModelReplica:tiny-b"}
+                                "ResponseShaper:tiny-b", "ModelReplica:tiny-b", "StatusBoard"}
+    status = two.get("/mlxray/status").json()["models"]
+    assert [(m["name"], m["deployment"], m["n_parallel"]) for m in status] == [
+        ("tiny-a", "ModelReplica:tiny-a", 2), ("tiny-b", "ModelReplica:tiny-b", 1)]
 
 
 def test_models_lists_every_model_in_order(two):

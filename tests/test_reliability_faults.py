@@ -34,26 +34,54 @@ def queue_app(serve_instance: int):
         yield base
 
 
-def test_ray_serve_admits_up_to_the_engine_bound():
-    """Ray Serve's own limit sits above slots + queue, so the engine's 503 is what clients meet."""
-    from deployments.config import GraphArgs
-    from deployments.graph import replica_ongoing_limit
+def test_one_rule_for_the_replicas_max_ongoing_requests(queue_app):
+    """Slots + queue + 16 for control calls, so that the engine's 503 past its queue is what a
+    client meets: what Ray Serve records for the running replica (1 slot, a queue of 3), what the
+    mlxray command writes, and what every config file leaves to the rule or departs from on
+    purpose, saying so on that line."""
+    import yaml
+    from ray.serve.context import _get_global_client
 
-    for n_parallel, max_queue in [(1, 3), (4, 256), (64, 1000)]:
-        limit = replica_ongoing_limit(GraphArgs(n_parallel=n_parallel, max_queue=max_queue))
-        assert limit > n_parallel + max_queue
+    from deployments import cli
+
+    from .conftest import MODEL, REPO
+
+    details = _get_global_client().get_serve_details()
+    deployment = details["applications"][APP]["deployments"]["ModelReplica"]
+    assert deployment["deployment_config"]["max_ongoing_requests"] == 1 + 3 + 16
+    config = cli.serve_config(cli.parse(["-m", MODEL, "-np", "2"], {}))
+    replica = next(d for d in config["applications"][0]["deployments"]
+                   if d["name"] == "ModelReplica")
+    assert replica["max_ongoing_requests"] == 2 + 256 + 16
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        for app in yaml.safe_load(path.read_text())["applications"]:
+            for d in app.get("deployments", []):
+                if d["name"].startswith("ModelReplica") and "max_ongoing_requests" in d:
+                    line = next(x for x in path.read_text().splitlines()
+                                if "max_ongoing_requests" in x and not x.lstrip().startswith("#"))
+                    assert "departs from replica_ongoing_limit" in line, path.name
 
 
 def test_config_files_can_build_the_graph():
-    """``serve run`` calls the builder the way Ray Serve checks it: one parameter, the args."""
+    """Each configs/*.yaml is a Serve config whose applications build: ``serve run`` calls the
+    builder the way Ray Serve checks it, with one parameter, the application's args."""
+    import yaml
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
 
     from deployments.graph import build_app
 
-    from .conftest import MODEL
+    from .conftest import REPO
 
-    app = call_user_app_builder_with_args_if_necessary(build_app, {"model": MODEL})
-    assert type(app).__name__ == "Application"
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    assert len(configs) >= 4
+    for path in configs:
+        config = yaml.safe_load(path.read_text())
+        ServeDeploySchema.model_validate(config)
+        for app in config["applications"]:
+            assert app["import_path"] == "deployments.graph:build_app", path.name
+            built = call_user_app_builder_with_args_if_necessary(build_app, app["args"])
+            assert type(built).__name__ == "Application", path.name
 
 
 def test_past_the_queue_bound_is_503_and_the_queue_is_served_in_arrival_order(queue_app):

@@ -1,14 +1,17 @@
-"""The sampler chain on crafted logits: DRY, mirostat 1 and 2, adaptive-p, post-sampling records,
-seed determinism, the reasoning budget's state machine. No model, no Ray."""
+"""The sampler chain on crafted logits, against values computed by hand: DRY, mirostat 1 and 2,
+adaptive-p, infill, post-sampling records, seed determinism, the reasoning budget's state
+machine. No model, no Ray (tests/test_chain.py runs the chain on the model's logits)."""
 
 from __future__ import annotations
 
 import math
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from engine import sampling
+from engine.chain import InfillVocab, chain_processor, infill_keep
 from engine.sampling import (
     COUNTING,
     DONE,
@@ -16,6 +19,7 @@ from engine.sampling import (
     budget_state,
     dry_breakers,
     dry_penalties,
+    dry_processor,
     make_processors,
     make_sampler,
     prefill_tokens,
@@ -31,9 +35,23 @@ def logits_for(probs: list[float]) -> mx.array:
     return mx.log(mx.array([probs], dtype=mx.float32))
 
 
+def chained(params: SamplingParams, seed: int, n_vocab: int, record=None):
+    """What one sequence's step does: the chain (a logits processor), the normalization
+    mlx-lm applies, the draw."""
+    chain = chain_processor(params, seed, {}, None)
+    sample = make_sampler(params, seed, n_vocab, record)
+
+    def step(logits: mx.array, tokens: mx.array = mx.array([0])) -> int:
+        if chain is not None:
+            logits = chain(tokens, logits)
+        return sample(logits - mx.logsumexp(logits, axis=-1, keepdims=True)).item()
+
+    return step
+
+
 def draws(params: SamplingParams, logits: mx.array, n: int = 40, seed: int = 1) -> list[int]:
-    sample = make_sampler(params, seed, logits.shape[-1])
-    return [sample(logits).item() for _ in range(n)]
+    step = chained(params, seed, logits.shape[-1])
+    return [step(logits) for _ in range(n)]
 
 
 # ---- DRY ----------------------------------------------------------------------------------
@@ -64,7 +82,7 @@ def test_dry_breakers_cover_pieces_that_contain_or_start_a_breaker():
 def test_dry_processor_applies_penalties_to_logits():
     params = SamplingParams(dry_multiplier=0.5, dry_base=3.0, dry_allowed_length=2,
                             dry_penalty_last_n=64)
-    (process,) = make_processors(params, N_VOCAB, breakers={})
+    process = dry_processor(params, {})
     out = process(mx.array([1, 2, 3, 4, 1, 2, 3]), mx.zeros((1, N_VOCAB)))
     expected = [0.0] * N_VOCAB
     expected[4] = -0.5 * 3.0
@@ -73,14 +91,17 @@ def test_dry_processor_applies_penalties_to_logits():
 
 def test_dry_penalty_last_n_limits_the_window():
     params = SamplingParams(dry_multiplier=1.0, dry_penalty_last_n=3)
-    (process,) = make_processors(params, N_VOCAB, breakers={})
+    process = dry_processor(params, {})
     out = process(mx.array([1, 2, 3, 4, 1, 2, 3]), mx.zeros((1, N_VOCAB)))
     assert out[0].tolist() == [0.0] * N_VOCAB
 
 
-def test_mirostat_drops_penalties_and_dry():
+def test_mirostat_drops_the_chain_penalties_and_dry_included():
     params = SamplingParams(mirostat=2, repeat_penalty=2.0, dry_multiplier=1.0)
-    assert make_processors(params, N_VOCAB, breakers={}) == []
+    assert chain_processor(params, 0, {}, None) is None
+    unmirrored = SamplingParams(repeat_penalty=2.0, dry_multiplier=1.0, samplers=["penalties"])
+    penalized = chain_processor(unmirrored, 0, {}, None)(mx.array([3]), mx.ones((1, N_VOCAB)))
+    assert penalized[0].tolist() == [1.0] * 3 + [0.5] + [1.0] * 4
 
 
 # ---- mirostat -----------------------------------------------------------------------------
@@ -95,21 +116,37 @@ def test_mirostat_v2_keeps_candidates_under_the_target_surprise():
 
 
 def test_mirostat_v2_learning_rate_moves_mu():
-    # tau 1.2 (mu 2.4 bits keeps p >= 0.19: tokens 0 and 1); eta pushes mu towards the target
+    """tau 1.2: mu starts at 2.4 bits and keeps p >= 0.19 (tokens 0 and 1, renormalized to 0.6
+    and 0.4); the draw's surprise moves mu by eta times its error, and the next step keeps
+    exactly the candidates under the new mu."""
     fixed = SamplingParams(temperature=1.0, mirostat=2, mirostat_tau=1.2, mirostat_eta=0.0)
     assert set(draws(fixed, logits_for(FLAT))) == {0, 1}
+    recorded: list[mx.array] = []
     moving = SamplingParams(temperature=1.0, mirostat=2, mirostat_tau=1.2, mirostat_eta=1.0)
-    assert set(draws(moving, logits_for(FLAT))) != {0, 1}
+    step = chained(moving, 4, N_VOCAB, recorded.append)
+    first = step(logits_for(FLAT))
+    step(logits_for(FLAT))
+    assert recorded[0][0].tolist()[:2] == pytest.approx([0.6, 0.4], abs=1e-6)
+    mu = 2.4 - 1.0 * (-math.log2([0.6, 0.4][first]) - 1.2)
+    kept = [p for p in FLAT if -math.log2(p) <= mu] or FLAT[:1]
+    expected = [p / sum(kept) for p in kept] + [0.0] * (N_VOCAB - len(kept))
+    assert recorded[1][0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert len(kept) != 2, f"mu {mu:.2f} keeps what 2.4 kept: the case proves nothing"
 
 
 def test_mirostat_v1_truncates_to_the_estimated_k():
-    zipf = [1 / (i + 1) for i in range(N_VOCAB)]
-    total = sum(zipf)
-    logits = logits_for([z / total for z in zipf])
-    tight = SamplingParams(temperature=1.0, mirostat=1, mirostat_tau=0.05, mirostat_eta=0.0)
-    assert set(draws(tight, logits)) == {0}
-    loose = SamplingParams(temperature=1.0, mirostat=1, mirostat_tau=8.0, mirostat_eta=0.0)
-    assert len(set(draws(loose, logits))) > 3
+    """p_i proportional to 1/(i+1)^2: the Zipf exponent estimate is exactly 2, so
+    k = (2^mu / (1 - 1/n))^(1/2) with n = 8: mu 2 gives k 2.14 (the top 2), mu 4 gives 4.28."""
+    zipf = [1 / (i + 1) ** 2 for i in range(N_VOCAB)]
+    logits = logits_for([z / sum(zipf) for z in zipf])
+    for tau, k in ((1.0, 2), (2.0, 4)):
+        assert int((2 ** (2 * tau) / (1 - 1 / N_VOCAB)) ** 0.5) == k
+        recorded: list[mx.array] = []
+        params = SamplingParams(temperature=1.0, mirostat=1, mirostat_tau=tau, mirostat_eta=0.0)
+        chained(params, 3, N_VOCAB, recorded.append)(logits)
+        top = zipf[:k]
+        expected = [z / sum(top) for z in top] + [0.0] * (N_VOCAB - k)
+        assert recorded[0][0].tolist() == pytest.approx(expected, abs=1e-6)
 
 
 # ---- adaptive-p ---------------------------------------------------------------------------
@@ -129,25 +166,67 @@ def test_adaptive_p_only_runs_when_listed():
     assert draws(unlisted, logits_for(PEAKED)).count(0) > 25
 
 
-def test_adaptive_decay_weights_the_history():
-    def second_step(decay: float) -> list[float]:
-        recorded: list[mx.array] = []
-        params = SamplingParams(temperature=1.0, top_k=0, samplers=ADAPTIVE,
-                                adaptive_target=0.5, adaptive_decay=decay)
-        sample = make_sampler(params, 3, N_VOCAB, recorded.append)
-        sample(logits_for(PEAKED))
-        sample(logits_for(PEAKED))
-        return recorded[1][0].tolist()
+def adaptive_shape(probs: list[float], adapted: float) -> list[float]:
+    """adaptive-p's distribution: logit 5 - 10 d^2 / (1 + d), d = |p - adapted| / 0.3."""
+    logits = [5 - 10 * d * d / (1 + d) for d in (abs(p - adapted) / 0.3 for p in probs)]
+    total = sum(math.exp(x) for x in logits)
+    return [math.exp(x) / total for x in logits]
 
-    assert second_step(0.0) != pytest.approx(second_step(0.9))
+
+@pytest.mark.parametrize("decay", [0.0, 0.9])
+def test_adaptive_decay_weights_the_history(decay):
+    """The first step aims at the target itself (the history starts at target / (1 - decay)
+    over 1 / (1 - decay)); the second at 2 x target minus the decayed average of the drawn
+    tokens' original probabilities."""
+    recorded: list[mx.array] = []
+    params = SamplingParams(temperature=1.0, top_k=0, samplers=ADAPTIVE, adaptive_target=0.5,
+                            adaptive_decay=decay)
+    step = chained(params, 3, N_VOCAB, recorded.append)
+    first = step(logits_for(PEAKED))
+    step(logits_for(PEAKED))
+    assert recorded[0][0].tolist() == pytest.approx(adaptive_shape(PEAKED, 0.5), abs=1e-5)
+    total = PEAKED[first] + decay * 0.5 / (1 - decay)
+    weight = 1 + decay / (1 - decay)
+    adapted = min(max(2 * 0.5 - total / weight, 0.0), 1.0)
+    assert recorded[1][0].tolist() == pytest.approx(adaptive_shape(PEAKED, adapted), abs=1e-5)
+
+
+# ---- infill ---------------------------------------------------------------------------------
+# "a" starts "ab" and "abc"; id 4 ends the generation (its piece is empty, as a special token's)
+INFILL = InfillVocab([b"a", b"ab", b"x", b"y", b"", b"abc", b"q", b"r"], frozenset({4}), 4)
+
+
+def kept(probs: list[float]) -> dict[int, float]:
+    out = infill_keep(np.log(np.array(probs, dtype=np.float32)), INFILL)
+    finite = np.isfinite(out)
+    weights = np.exp(out[finite] - out[finite].max())
+    return dict(zip(np.flatnonzero(finite).tolist(), (weights / weights.sum()).tolist()))
+
+
+def test_infill_merges_prefixes_then_keeps_the_likely():
+    """Six candidates (q and r have probability 0): 3 x 0.05 x 6 = 0.9 < 0.95, the text wins.
+    "a" (0.30) takes "ab" (0.25) and "abc" (0.05): 0.60; "y" 0.22 passes 0.2, "x" 0.13 does
+    not; renormalized over a, y and the end (0.87), "y" (0.25) is under 1/3 and leaves. The kept
+    tokens keep their own logits: a 0.30 against the end's 0.05."""
+    probs = [0.30, 0.25, 0.13, 0.22, 0.05, 0.05, 0.0, 0.0]
+    assert kept(probs) == pytest.approx({0: 0.30 / 0.35, 4: 0.05 / 0.35}, abs=1e-6)
+
+
+def test_infill_ends_when_the_end_is_likely_or_no_text_is():
+    # 3 x 0.3 x 6 = 5.4 > 0.7: the end-of-generation tokens alone
+    assert kept([0.20, 0.15, 0.15, 0.15, 0.30, 0.05, 0.0, 0.0]) == {4: 1.0}
+    # ten text tokens of 0.0999, none a prefix of another, the end 0.001 (3 x 0.001 x 11 =
+    # 0.033): no text token reaches 0.2, so the end of text (id 10) alone, with logit 1
+    ten = InfillVocab([f"t{i}|".encode() for i in range(10)] + [b""], frozenset({10}), 10)
+    out = infill_keep(np.log(np.array([0.0999] * 10 + [0.001], dtype=np.float32)), ten)
+    assert out.tolist() == [float("-inf")] * 10 + [1.0]
 
 
 # ---- post-sampling records, raw-logit records, seeds ----------------------------------------
 def test_post_sampling_record_is_the_filtered_distribution():
     recorded: list[mx.array] = []
     params = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
-    sample = make_sampler(params, 5, N_VOCAB, recorded.append)
-    token = sample(logits_for(FLAT)).item()
+    token = chained(params, 5, N_VOCAB, recorded.append)(logits_for(FLAT))
     probs = recorded[0][0].tolist()
     assert token in (0, 1)
     assert probs[:2] == pytest.approx([0.6, 0.4], abs=1e-5) and probs[2:] == [0.0] * 6

@@ -5,13 +5,13 @@ vectors are the model's last hidden states pooled by the ``pooling`` argument.""
 from __future__ import annotations
 
 import base64
+import math
 import struct
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.embed import normalize
-from engine.scheduler import check_prompt
+from engine.checks import check_prompt
 from engine.types import EngineError
 
 from ..app import from_engine, json_response, read_object
@@ -105,3 +105,18 @@ async def oai(ingress: IngressBase, request: Request) -> Response:
 async def _native_answer(model: ModelEndpoint, prompts: list[list[int]]) -> Response:
     vectors = await _vectors(model, prompts, 2)
     return json_response([{"index": i, "embedding": v} for i, v in enumerate(vectors)])
+
+
+def normalize(vector: list[float], norm: int) -> list[float]:
+    """common_embd_normalize: -1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean,
+    above 2 the p-norm."""
+    if norm == -1:
+        total = 1.0
+    elif norm == 0:
+        total = max((abs(v) for v in vector), default=0.0) / 32760.0
+    elif norm == 2:
+        total = math.sqrt(sum(v * v for v in vector))
+    else:
+        total = sum(abs(v) ** norm for v in vector) ** (1.0 / norm)
+    scale = 1.0 / total if total > 0.0 else 0.0
+    return [v * scale for v in vector]

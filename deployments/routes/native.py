@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from ray.exceptions import RayError
 
-from engine.scheduler import check_prompt
+from engine.checks import check_prompt
 from engine.types import EngineError
 
 from ..app import JSON, from_engine, json_response, read_json, read_object

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.grammar import GrammarError, json_lark
+from engine.grammar_text import GrammarError, json_lark
 from engine.types import TRIGGER_WORD
 
 from ..errors import invalid

@@ -264,7 +264,7 @@ function replicaRow(replica) {
   row.className = "replica";
   row.dataset.replica = replica.replica;
   const busy = replica.slots.filter((s) => s.is_processing).length;
-  row.append(`replica ${replica.replica} (pid ${replica.pid}): ${busy} of ` +
+  row.append(`replica ${replica.replica} (node ${replica.node.slice(0, 8)}, pid ${replica.pid}): ${busy} of ` +
              `${replica.slots.length} slots processing, ${replica.n_deferred} queued, ` +
              `${replica.tokens_predicted_total} tokens generated, ` +
              `${replica.prompt_tokens_cached_total} prompt tokens from the cache`);

@@ -1,0 +1,45 @@
+"""Where the engine computes: a stream of its own on the device the model was loaded for, and
+MLX's wired-memory limit (Metal), raised once while the engine runs and restored when it stops.
+
+mlx-lm's ``generation_stream`` is made when ``mlx_lm.generate`` is imported, on whatever device
+was the default then, and each ``BatchGenerator`` raises the wired limit when it is made and puts
+the previous one back when it is closed or collected: the engine makes a new generator after a
+failed step, and the old one's restore would undo the limit while the new one runs.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+
+def engine_stream(device: mx.Device) -> mx.Stream:
+    """A stream on ``device``, made on the thread that uses it (the scheduler's)."""
+    return mx.new_stream(device)
+
+
+class WiredLimit:
+    """The recommended wired limit for as long as the engine runs (a no-op where MLX reports no
+    recommended working set, as on CPUs)."""
+
+    def __init__(self) -> None:
+        self._previous: int | None = None
+
+    def raise_(self) -> None:
+        self._previous = maybe_set_recommended_wired_limit()
+
+    def restore(self, stream: mx.Stream | None) -> None:
+        if self._previous is None:
+            return
+        if stream is not None:
+            mx.synchronize(stream)
+        mx.set_wired_limit(self._previous)
+        self._previous = None
+
+
+def without_wired_limit(generator: BatchGenerator) -> BatchGenerator:
+    """The engine holds the limit, not the generator: its close() must not restore the limit
+    it found (mlx-lm 0.32's ``_old_wired_limit``, pinned in pyproject.toml)."""
+    generator._old_wired_limit = None
+    return generator
