@@ -210,8 +210,10 @@ def test_stop_frees_the_slot_and_the_status_view_shows_it(browser, webui_base, s
         slots = httpx.get(webui_base + "/slots", headers=AUTH).json()
         return any(s["is_processing"] for s in slots)
 
-    wait_for(lambda: len(messages(driver)) == 2 and
-             len(messages(driver)[1].text) > 10, what="streamed text")
+    # read in the page: the streaming message's element is replaced as its text grows
+    wait_for(lambda: driver.execute_script(
+        "const m = document.querySelectorAll('#messages .message');"
+        "return m.length === 2 ? m[1].textContent.length : 0") > 10, what="streamed text")
     assert busy_slot()
     by_id(driver, "stop").click()
     wait_for(lambda: idle(driver), what="the stop")
