@@ -11,7 +11,7 @@ import string
 from typing import Any
 
 from .errors import invalid
-from .schema import json_type
+from .schema import json_type, to_int
 from .tools.messages import template_message
 from .tools.request import (
     chat_syntax,
@@ -58,14 +58,15 @@ def chat_body(body: dict, model) -> tuple[dict, ChatSyntax]:
     extra = template_kwargs(body)
     prompt, tail = chat_prompt(body, model.chat, request.tools, extra)
     native["prompt"] = prompt
-    if body.get("logprobs") is True:
-        top = body.get("top_logprobs")
-        native["n_probs"] = 20 if top is None else top
+    logprobs = body.get("logprobs")
+    if logprobs is True:
+        native["n_probs"] = _top_logprobs(body.get("top_logprobs"))
     elif body.get("top_logprobs") is not None:
         raise invalid("top_logprobs requires logprobs to be set to true")
-    elif body.get("logprobs") not in (None, False):
-        raise invalid(f"Field 'logprobs': [json.exception.type_error.302] type must be boolean, "
-                      f"but is {json_type(body['logprobs'])}")
+    elif logprobs is not None and not isinstance(logprobs, bool):
+        # read leniently as false (json_value), then copied on like any other key: the native
+        # alias of n_probs
+        native["logprobs"] = logprobs
     _check_response_format(body.get("response_format"), native)
     reasoning_format = body.get("reasoning_format", model.defaults.reasoning_format)
     syntax = chat_syntax(model.chat, request, reasoning_format if isinstance(
@@ -77,6 +78,17 @@ def chat_body(body: dict, model) -> tuple[dict, ChatSyntax]:
         if "json_schema" not in native:
             native["generation_prompt"] = tail
     return native, syntax
+
+
+def _top_logprobs(value: Any) -> int:
+    """json_value(body, "top_logprobs", 20): a number converts to an int (one out of its range is
+    refused, naming the field), any other value is the default."""
+    if not isinstance(value, (int, float)):
+        return 20
+    try:
+        return to_int(value)
+    except ValueError as exc:
+        raise invalid(f"Field 'top_logprobs': {exc}") from None
 
 
 def _check_response_format(fmt: Any, native: dict) -> None:

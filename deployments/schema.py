@@ -82,15 +82,31 @@ def _wrap(value: int, bits: int) -> int:
     return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
 
+def json_number(value: int | float) -> int | float:
+    """The number as nlohmann::json holds it: an integer that fits neither int64 nor uint64 is
+    a double (infinite past a double's range)."""
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    return value
+
+
 def to_int(value: Any, bits: int = 32, unsigned: bool = False) -> int:
+    """An integer converts modulo the target's width; a double truncates, and one that does not
+    fit the target (1e39 in an int32, -1.0 in the uint32 seed) is refused: the reference's C++
+    conversion of it is undefined behaviour."""
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return 0 if unsigned else -(1 << (bits - 1))
-        value = int(value)
-    if not isinstance(value, int):
+    if not isinstance(value, (int, float)):
         raise type_error("number", value)
+    value = json_number(value)
+    if isinstance(value, float):
+        lo, hi = (0, (1 << bits) - 1) if unsigned else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+        if not (math.isfinite(value) and lo <= math.trunc(value) <= hi):
+            raise ValueError(f"{value!r} is out of the {'u' if unsigned else ''}int{bits} range")
+        value = math.trunc(value)
     if unsigned:
         return value & ((1 << bits) - 1)
     return _wrap(value, bits)
@@ -101,7 +117,7 @@ def to_float(value: Any) -> float:
         return float(value)
     if not isinstance(value, (int, float)):
         raise type_error("number", value)
-    return f32(float(value))
+    return f32(float(json_number(value)))
 
 
 def to_bool(value: Any) -> bool:
@@ -300,7 +316,7 @@ def _parse_logit_bias(value: Any, ctx: ParseContext) -> list[tuple[int, float | 
         if bias is False:
             b: float | None = None
         elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
-            b = f32(float(bias))
+            b = to_float(bias)
         else:
             continue
         ids: list[int] = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .numerics import cap, scale, subtract
 from .types import RANDOM_SEED, ReasoningBudget, SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
@@ -96,7 +97,8 @@ def top_n_sigma_filter(n: float) -> Filter:
         mean = mx.sum(values, axis=-1, keepdims=True) / count
         var = mx.sum(mx.where(finite, (logits - mean) ** 2, 0.0), axis=-1, keepdims=True) / count
         top = mx.max(logits, axis=-1, keepdims=True)
-        return mx.where(logits >= top - n * mx.sqrt(var), logits, NEG_INF)
+        # llama.cpp's test: a NaN bound (infinite n times a zero spread) removes nothing
+        return mx.where(logits < top - n * mx.sqrt(var), NEG_INF, logits)
 
     return apply
 
@@ -122,8 +124,8 @@ def xtc_filter(probability: float, threshold: float, min_keep: int, rng: random.
 
 
 def temperature_filter(temp: float, dyn_range: float, exponent: float) -> Filter:
-    if dyn_range > 0:
-        lo, hi = max(0.0, temp - dyn_range), temp + dyn_range
+    lo, hi = max(0.0, temp - dyn_range), temp + dyn_range
+    if dyn_range > 0 and hi > lo:
 
         def dynamic(logits: mx.array) -> mx.array:
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -131,11 +133,12 @@ def temperature_filter(temp: float, dyn_range: float, exponent: float) -> Filter
             entropy = _entropy(probs, logp)
             n_finite = mx.sum(logits > NEG_INF, axis=-1, keepdims=True)
             max_entropy = mx.log(mx.maximum(n_finite, 2).astype(mx.float32))
-            t = lo + (hi - lo) * mx.power(entropy / max_entropy, exponent)
-            return logits / mx.maximum(t, 1e-6)
+            weight = mx.power(entropy / max_entropy, exponent)
+            # no weight is no step above lo, even over an infinite range (not 0 * inf)
+            return scale(logits, mx.where(weight > 0, lo + (hi - lo) * weight, lo))
 
         return dynamic
-    return lambda logits: logits / temp
+    return lambda logits: scale(logits, lo if dyn_range > 0 else temp)
 
 
 def make_filter(name: str, p: SamplingParams, rng: random.Random) -> Filter | None:
@@ -224,7 +227,7 @@ def mirostat_v2(tau: float, eta: float) -> Picker:
     def pick(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         top = mx.max(logp, axis=-1, keepdims=True)
-        keep = (-logp / LN2 <= state["mu"]) | (logp >= top)
+        keep = ~(-logp / LN2 > state["mu"]) | (logp >= top)  # a NaN mu keeps all, as in C
         kept = mx.where(keep, logits, NEG_INF)
         return _draw_and_adapt_mu(kept, key, state, tau, eta)
 
@@ -266,7 +269,7 @@ def make_sampler(p: SamplingParams, seed: int, n_vocab: int,
         return greedy
     filters: list[Filter] = []
     if p.mirostat:
-        filters.append(lambda logits: logits / p.temperature)
+        filters.append(lambda logits: scale(logits, p.temperature))
         pick = (mirostat_v1(p.mirostat_tau, p.mirostat_eta, n_vocab) if p.mirostat == 1
                 else mirostat_v2(p.mirostat_tau, p.mirostat_eta))
     else:
@@ -301,8 +304,12 @@ def _dense_bias(bias: list[tuple[int, float | None]], vocab_size: int
     """The bias as a dense row, for logits of any width: a model's logits can be wider than its
     tokenizer's vocabulary (padded embeddings); the extra columns get no bias."""
     ids = mx.array([t for t, _ in bias], dtype=mx.int32)
-    values = mx.array([NEG_INF if b is None else b for _, b in bias], dtype=mx.float32)
-    dense = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+    bans = [b is None or b == NEG_INF for _, b in bias]
+    values = mx.array([0.0 if ban else b for (_, b), ban in zip(bias, bans)], dtype=mx.float32)
+    banned = mx.zeros((vocab_size,), dtype=mx.int32).at[ids].add(mx.array(bans, dtype=mx.int32))
+    # a token's biases add up, capped (two huge ones do not make +inf, nor +inf - inf a NaN)
+    total = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+    dense = mx.where(banned > 0, NEG_INF, cap(mx.where(mx.isnan(total), 0.0, total)))
     by_width = {vocab_size: dense}
 
     def row(width: int) -> mx.array:
@@ -318,7 +325,7 @@ def logit_bias_processor(bias: list[tuple[int, float | None]], vocab_size: int) 
     row = _dense_bias(bias, vocab_size)
 
     def apply(tokens: mx.array, logits: mx.array) -> mx.array:
-        return logits + row(logits.shape[-1]).astype(logits.dtype)
+        return cap(logits + row(logits.shape[-1]).astype(logits.dtype))
 
     return apply
 
@@ -359,9 +366,10 @@ def penalties_processor(p: SamplingParams) -> LogitsProcessor:
         out = logits
         if p.repeat_penalty != 1.0:
             scaled = mx.where(out <= 0, out * p.repeat_penalty, out / p.repeat_penalty)
-            out = mx.where(seen, scaled, out)
+            out = cap(mx.where(seen, scaled, out))
         if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-            out = out - counts * p.frequency_penalty - seen.astype(out.dtype) * p.presence_penalty
+            out = subtract(out, counts * p.frequency_penalty
+                           + seen.astype(mx.float32) * p.presence_penalty)
         return out
 
     return apply
@@ -480,7 +488,7 @@ def dry_processor(p: SamplingParams, breakers: Breakers) -> LogitsProcessor:
         ids = mx.array(list(penalties), dtype=mx.int32)
         values = mx.array(list(penalties.values()), dtype=mx.float32)
         dense = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[ids].add(values)
-        return logits - dense.astype(logits.dtype)
+        return subtract(logits, dense.astype(logits.dtype))
 
     return apply
 

@@ -29,6 +29,7 @@ from .device import WiredLimit, engine_stream, without_wired_limit
 from .grammar import GrammarCache, GrammarError
 from .lora import AdaptedBatchGenerator, AdapterSet
 from .model import LoadedModel
+from .numerics import sampler_init_error
 from .prefix_cache import PrefixCache
 from .retirement import Retirement
 from .sampling import Breakers, dry_breakers, resolve_seed
@@ -99,6 +100,8 @@ class Engine(Admission, Stepping, Retirement):
         missing = self.adapters.check(req.adapters)
         if missing is not None:
             raise EngineError(f"LoRA adapter '{missing}' is not loaded", 503, "unavailable_error")
+        if (error := sampler_init_error(req.sampling)) is not None:
+            raise EngineError(f"Failed to initialize samplers: {error}")
         if req.grammar:
             try:
                 self.grammars.template(req.grammar)  # compiled once, cached for the launch

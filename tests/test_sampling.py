@@ -262,11 +262,14 @@ def test_typical_and_dynamic_temperature_filters():
     logits = logits_for([0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0])
     kept = typical_filter(0.2, 0)(logits)[0].tolist()
     assert [i for i, v in enumerate(kept) if v > float("-inf")] == [1]  # nearest the entropy
-    flat, peaked = logits_for([0.125] * 8), logits_for(PEAKED)
+    flat, peaked = logits_for([0.1251] + [0.1249] * 7), logits_for(PEAKED)
+
+    def temperature(logits: mx.array) -> float:  # the filter scales logits shifted to the best
+        scaled = temperature_filter(1.0, 0.5, 1.0)(logits)
+        return ((logits[0, 1] - mx.max(logits)) / scaled[0, 1]).item()
+
     # the temperature grows with the entropy: a flat distribution gets the highest one
-    t_flat = (flat / temperature_filter(1.0, 0.5, 1.0)(flat))[0, 0].item()
-    t_peaked = (peaked / temperature_filter(1.0, 0.5, 1.0)(peaked))[0, 0].item()
-    assert t_flat == pytest.approx(1.5, rel=1e-4) and 0.5 < t_peaked < 1.0
+    assert temperature(flat) == pytest.approx(1.5, rel=1e-4) and 0.5 < temperature(peaked) < 1.0
 
 
 def test_greedy_with_bias_picks_what_the_bias_processor_then_greedy_picks():

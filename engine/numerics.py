@@ -1,0 +1,64 @@
+"""Logit arithmetic that stays finite at the edges of a request's numbers, and the sampler
+initialization checks of llama.cpp's ``common_sampler_init``.
+
+A request may ask for a penalty of 3e38, a temperature of 1e-38 or of infinity, a DRY multiplier
+of -inf. The sampler chain then meets infinite logits, and ``inf - inf`` or ``-inf / inf`` is
+NaN: softmax, the draw and the reported probabilities turn to garbage (llama.cpp's own chain is
+undefined there). Here no step produces a NaN:
+
+- a processor's result is capped at the largest float32 (``cap``): a logit pushed to +inf is
+  "certain" and stays comparable, one pushed to -inf is banned;
+- a logit already at -inf stays there whatever is subtracted from it (``subtract``);
+- a temperature scales logits shifted so that the best is 0 (``scale``): a zero temperature keeps
+  the best, an infinite one makes every remaining candidate equal, a tiny one cannot overflow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from .types import SamplingParams
+
+FLT_MAX = float(np.finfo(np.float32).max)
+NEG_INF = float("-inf")
+
+
+def cap(logits: mx.array) -> mx.array:
+    """+inf becomes the largest finite float32 (the token is as likely as logits can say)."""
+    return mx.minimum(logits, FLT_MAX)
+
+
+def subtract(logits: mx.array, penalty: mx.array) -> mx.array:
+    """``logits - penalty`` where a banned (-inf) logit stays banned, capped."""
+    return cap(mx.where(logits == NEG_INF, NEG_INF, logits - penalty))
+
+
+def scale(logits: mx.array, temperature: mx.array | float) -> mx.array:
+    """``logits / temperature`` up to a shift (softmax does not see it): the best candidates
+    get 0, banned ones stay -inf, the rest ``(logit - best) / temperature``, which is -inf for a
+    zero temperature and 0 for an infinite one."""
+    top = mx.max(logits, axis=-1, keepdims=True)
+    scaled = (logits - top) / temperature
+    return mx.where(logits == NEG_INF, NEG_INF, mx.where(logits >= top, 0.0, scaled))
+
+
+def _f32(value: float) -> np.float32:
+    with np.errstate(over="ignore"):
+        return np.float32(value)
+
+
+def sampler_init_error(p: SamplingParams) -> str | None:
+    """common_sampler_init's refusals (common/sampling.cpp), in its order, in float32."""
+    repeat = _f32(p.repeat_penalty)
+    with np.errstate(divide="ignore", over="ignore"):
+        reciprocal = np.float32(1.0) / repeat if repeat != 0 else np.float32(np.inf)
+    if not math.isfinite(repeat) or repeat <= 0 or not math.isfinite(reciprocal):
+        return "penalty_repeat must be finite and greater than 0"
+    if not math.isfinite(_f32(p.frequency_penalty)):
+        return "penalty_freq must be finite"
+    if not math.isfinite(_f32(p.presence_penalty)):
+        return "penalty_present must be finite"
+    return None
