@@ -26,8 +26,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# `serve run` with a clean stop: SIGTERM or SIGINT (Ctrl-C), to it or to its whole process group,
+# stops Serve and Ray and every process they started (deployments/launch.py)
 serve: install
-	$(VENV)/bin/serve run $(CONFIG)
+	$(PY) -m deployments.launch $(CONFIG)
 
 # the compat manifest is validated (and its docs checked up to date) before the tests run
 test: install

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ import yaml
 
 from . import cli_lora
 from .config import GraphArgs, replica_ongoing_limit
+from .launch import run
 from .schema import REASONING_FORMATS
 
 SEED_RANDOM = 0xFFFFFFFF
@@ -371,6 +370,12 @@ def route_prefix(ns: argparse.Namespace) -> str:
     return prefix or "/"
 
 
+# what the shipped configs set (configs/local.yaml): user code and the handle router on each
+# replica's own event loop, measured in docs/performance.md
+REPLICA_LOOP_ENV = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+                                 "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}}
+
+
 def serve_config(ns: argparse.Namespace) -> dict:
     """The config ``serve run`` takes: one application, the graph of deployments/graph.py."""
     graph = graph_args(ns)
@@ -384,6 +389,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
             "name": APP_NAME,
             "route_prefix": route_prefix(ns),
             "import_path": "deployments.graph:build_app",
+            "runtime_env": REPLICA_LOOP_ENV,
             "args": args,
             "deployments": [
                 {"name": "Ingress", "ray_actor_options": {"num_cpus": 0.1}},
@@ -393,51 +399,6 @@ def serve_config(ns: argparse.Namespace) -> dict:
             ],
         }],
     }
-
-
-def run(config: dict) -> None:
-    """What ``serve run`` does with a config file, then block until SIGINT/SIGTERM. Without
-    RAY_ADDRESS it starts its own local Ray cluster, as llama-server owns its process."""
-    import ray
-    from ray import serve
-    from ray.serve._private import api as serve_api
-    from ray.serve._private.constants import SERVE_NAMESPACE
-    from ray.serve.config import gRPCOptions
-    from ray.serve.schema import ApplicationStatus, ServeDeploySchema
-
-    schema = ServeDeploySchema.model_validate(config)
-    address = os.environ.get("RAY_ADDRESS") or "local"
-    # a cluster of its own advertises this machine's MLX device (configs/cluster.yaml asks for it)
-    devices = {"resources": {"mlx_device": 1}} if address == "local" else {}
-    ray.init(address=address, namespace=SERVE_NAMESPACE, **devices)
-    client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
-                                   proxy_location=schema.proxy_location,
-                                   grpc_options=gRPCOptions(**schema.grpc_options.model_dump()))
-    stopping = False
-
-    def stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        client.deploy_apps(schema, _blocking=False)
-        announced = False
-        while not stopping:
-            state = serve.status().applications.get(APP_NAME)
-            if state is not None and state.status == ApplicationStatus.DEPLOY_FAILED:
-                raise Refused(f"the application failed to deploy: {state.message}")
-            if not announced and state is not None and state.status == ApplicationStatus.RUNNING:
-                host, port = config["http_options"]["host"], config["http_options"]["port"]
-                prefix = config["applications"][0]["route_prefix"].rstrip("/")
-                print(f"mlxray: serving on http://{host}:{port}{prefix}", file=sys.stderr,
-                      flush=True)
-                announced = True
-            time.sleep(0.5)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -451,10 +412,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if ns.dump_config:
         yaml.safe_dump(config, sys.stdout, sort_keys=False)
         return
-    try:
-        run(config)
-    except Refused as exc:
-        parser().exit(1, f"mlxray: error: {exc}\n")
+    run(config)  # until SIGTERM or SIGINT, then the process ends (deployments/launch.py)
 
 
 if __name__ == "__main__":

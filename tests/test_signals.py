@@ -1,0 +1,87 @@
+"""A clean stop however the processes are signalled (issue 13): ``mlxray`` and ``make serve`` (both
+through deployments/launch.py), each started in a session of its own with a Ray cluster of its
+own, are signalled once healthy and must exit within 30 s, leaving none of the processes they
+started running. tests/processes.py knows those processes from the command's process tree, so
+the other Ray clusters of the machine (other test sessions, other servers) are never looked at.
+
+CI runs two patterns: SIGTERM twice to mlxray's whole process group (systemd's stop sends the
+group SIGTERM: the raylet and the GCS die with the command) and SIGINT to make serve's group
+(Ctrl-C in a terminal). MLXRAY_SIGNAL_PATTERNS=all runs every command x signal x target.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import REPO, free_port
+from .processes import Launched, describe
+
+STOP_S = 30.0
+CI_PATTERNS = [("mlxray", "SIGTERM", "group", 2), ("make serve", "SIGINT", "group", 1)]
+ALL_PATTERNS = [(command, sig, target, times) for command in ("mlxray", "make serve")
+                for sig in ("SIGTERM", "SIGINT") for target in ("main", "group")
+                for times in (1, 2)]
+PATTERNS = ALL_PATTERNS if os.environ.get("MLXRAY_SIGNAL_PATTERNS") == "all" else CI_PATTERNS
+
+
+def command_line(command: str, port: int, tmp_path: Path) -> list[str]:
+    if command == "mlxray":
+        return [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
+                str(port), "-np", "1", "-c", "256"]
+    config = tmp_path / "local.yaml"
+    config.write_text((REPO / "configs" / "local.yaml").read_text()
+                      .replace("port: 8000", f"port: {port}")
+                      .replace("n_parallel: 4", "n_parallel: 1"))
+    return ["make", "--no-print-directory", "serve", f"CONFIG={config}"]
+
+
+def wait_healthy(launched: Launched, base: str, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert launched.proc.poll() is None, launched.log.read_text()[-3000:]
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{base} did not become healthy")
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("command", "sig", "target", "times"), PATTERNS,
+                         ids=lambda v: str(v).replace(" ", "-"))
+def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, target, times):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "LLAMA_"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    launched = Launched(command_line(command, port, tmp_path), REPO, env, tmp_path / "out.log")
+    try:
+        wait_healthy(launched, f"http://127.0.0.1:{port}")
+        launched.sample()
+        started = launched.alive()
+        assert len(started) >= 5, describe(started)  # GCS, raylet, replicas, ...
+        for i in range(times):
+            if i:
+                time.sleep(1.0)
+            if launched.proc.poll() is None:
+                launched.signal(getattr(signal, sig), group=target == "group")
+        took = launched.wait(STOP_S)
+        log = launched.log.read_text()[-3000:]
+        assert took is not None, f"still running {STOP_S} s after {sig}\n{log}"
+        left = launched.leftovers(grace=1.0)
+        assert not left, f"left running: {describe(left)}\n{log}"
+        if command == "mlxray":
+            assert launched.proc.returncode == 0, log
+        print(f"\n{command} {sig} x{times} to the {target}: exited after {took:.1f} s, "
+              f"{len(started)} processes started, none left")
+    finally:
+        launched.kill_all()
+        launched.close()
