@@ -2,7 +2,8 @@
 
 Writes ``<out>.json`` and ``<out>.png`` (default docs/bench/latest, or docs/bench/quick with
 --quick), refreshes the table in docs/performance.md after a full run, and prints the four target
-ratios last, one per line.
+ratios last, one per line. The plot needs the ``bench`` extra (matplotlib: ``make bench``
+installs it); without it the figures are measured, written and printed all the same.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _cpu(system: str, serve_pid: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tqdm import tqdm
+    from tqdm import tqdm  # a dependency of mlx-lm's transformers: always there
 
     from deployments.config import GraphArgs
     from engine.model import load_model
@@ -215,12 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     doc["cpu_ratios"] = compute_cpu_ratios(runs)
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)
     report.write_json(doc, out.with_suffix(".json"))
-    report.write_plot(doc, out.with_suffix(".png"))
+    plotted = report.write_plot(doc, out.with_suffix(".png"))
     if not args.quick and args.out is None:
         report.update_performance_md(doc, REPO / "docs" / "performance.md")
     print(report.markdown_table(doc))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')} "
-          f"in {doc['elapsed_s']} s")
+    print(f"wrote {out.with_suffix('.json')}"
+          + (f" and {out.with_suffix('.png')}" if plotted else "") + f" in {doc['elapsed_s']} s")
+    if not plotted:
+        print("no plot: matplotlib is not installed (pip install -e '.[bench]', or make bench)")
     for name, value in doc["cpu_ratios"].items():
         print(f"(from CPU ms per token) {name} {value:.3f}")
     if "grammar" in doc:

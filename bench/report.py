@@ -31,8 +31,12 @@ def write_json(doc: dict, path: Path) -> None:
     path.write_text(json.dumps(_clean(doc), indent=2) + "\n")
 
 
-def write_plot(doc: dict, path: Path) -> None:
-    import matplotlib
+def write_plot(doc: dict, path: Path) -> bool:
+    """The PNG plot; False (nothing written) without matplotlib (the ``bench`` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -64,6 +68,7 @@ def write_plot(doc: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def _shown(value: float | None) -> str:

@@ -6,6 +6,8 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from bench.ratios import (
     RequestTiming,
     compute_cpu_ratios,
@@ -24,6 +26,23 @@ def test_help_runs():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--quick" in out.stdout and "--concurrency" in out.stdout
+
+
+@pytest.mark.heavy
+def test_runs_and_prints_its_figures_without_the_bench_extra(tmp_path):
+    """matplotlib hidden (the ``bench`` extra absent): a small engine-only run still measures,
+    writes its JSON and prints its table, and says how to get the plot."""
+    hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+            "runpy.run_module('bench', run_name='__main__')")
+    args = ["--quick", "--no-graph", "--no-mlx-lm", "--no-grammar", "--concurrency", "1",
+            "--tokens", "4", "--requests", "1", "--prompt-tokens", "8", "--prefix-tokens", "8",
+            "--out", str(tmp_path / "run")]
+    out = subprocess.run([sys.executable, "-c", hide, *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| mlxray engine | 1 |" in out.stdout
+    assert "no plot: matplotlib is not installed (pip install -e '.[bench]'" in out.stdout
+    assert (tmp_path / "run.json").exists() and not (tmp_path / "run.png").exists()
 
 
 def test_percentile_interpolates():

@@ -201,6 +201,17 @@ def test_dump_config_is_a_serve_config(capsys):
     assert schema.applications[0].import_path == "deployments.graph:build_app"
 
 
+def test_dump_config_carries_the_shipped_configs_runtime_env(capsys):
+    """The replica event-loop settings of configs/local.yaml (docs/performance.md): the command
+    serves as fast as `serve run configs/local.yaml`."""
+    cli.main(["-m", MODEL, "--dump-config"])
+    dumped = yaml.safe_load(capsys.readouterr().out)["applications"][0]["runtime_env"]
+    assert dumped["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    for name in ("local.yaml", "conformance.yaml", "multi-model.yaml"):
+        shipped = yaml.safe_load((REPO / "configs" / name).read_text())["applications"]
+        assert all(app["runtime_env"] == dumped for app in shipped), name
+
+
 def wait_serving(proc: subprocess.Popen, base: str, log, timeout: float = 300) -> None:
     """Until /health answers 200; fails at once, with the command's output, if it exits."""
 
