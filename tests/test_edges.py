@@ -4,7 +4,7 @@ Hypothesis draws a numeric field of the native schema (or an OpenAI route's own 
 from tests/edges.py's EDGES (0, +-1, +-0.5, the int32/uint32/int64 bounds and one past them,
 +-1e39, +-1e308, +-1e-30) or any other number, the sampler that reads the field switched on,
 greedy or sampled, streamed or not, and sometimes a second such field. The answer must be the
-reference's (tests/edges.py's oracle, written from the spec): a 200 whose every number is finite
+reference's (tests/edge_oracle.py, written from the spec): a 200 whose every number is finite
 and whose generation_settings echo the clamped values, the spec's exact 400 text (hard limits,
 the sampler-init refusals), or, where the reference's behaviour is undefined, a 400 naming the
 field. Never a 5xx; /health 200 and the engine idle afterwards.
@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from deployments.schema import FIELDS
 
+from .edge_oracle import SPEC, problems, read
 from .edges import (
     BASE,
     CHAT_BASE,
@@ -37,12 +38,9 @@ from .edges import (
     NO_BYTES,
     OAI_CHAT_FIELDS,
     OAI_COMPLETION_FIELDS,
-    SPEC,
     body_for,
     contexts,
     oai_body,
-    problems,
-    read,
 )
 from .reliability import dedicated_app, engine_state, is_idle
 

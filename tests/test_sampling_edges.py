@@ -17,7 +17,8 @@ from engine.numerics import FLT_MAX, sampler_init_error, scale
 from engine.sampling import make_processors, make_sampler
 from engine.types import DEFAULT_SAMPLERS, SamplingParams
 
-from .edges import EDGES, f32
+from .edge_oracle import f32
+from .edges import EDGES
 
 N_VOCAB = 16
 BANNED = (3, 4, 5)
