@@ -6,12 +6,14 @@ and runs it here too.
 
 Without RAY_ADDRESS the command starts a Ray cluster of its own and owns every process of it.
 The first SIGTERM or SIGINT, to this process or to its whole process group (Ctrl-C in a
-terminal, ``kill -- -PGID``, systemd's stop), shuts that cluster down, Serve with it; what of it
-still runs after ``GRACE_S`` is killed: a group signal reaches the raylet and the GCS too, and a
-shutdown that waits on a dead daemon would wait for ever. A second signal skips the wait. A
+terminal, ``kill -- -PGID``, systemd's stop), or to ``make`` alone, stops that cluster, Serve
+with it, much as Ray's node shutdown does: SIGTERM to its daemons, SIGKILL to whatever of it
+still runs a few seconds later (at once after a second signal). ``ray.shutdown()`` is not used
+for it: it waits on daemons that a group signal has already killed (for ever), and it resets
+SIGTERM to its default action while it runs (a second signal would kill the command halfway). A
 cluster joined through RAY_ADDRESS is not the command's: Serve is shut down there, the cluster
-left running. The main thread only waits and counts signals: every call into Ray that could block
-runs on another thread, so a signal is always handled.
+left running. The main thread only waits and counts signals: every call into Ray that could
+block runs on another thread.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import psutil
 import yaml
 
-GRACE_S = 15.0  # for Serve and Ray to shut down after the first signal
-SETTLE_S = 5.0  # for the cluster's processes to exit once Ray has been shut down
-SAMPLE_S = 2.0
+GRACE_S = 15.0  # for Serve to shut down on a joined cluster
+STOP_GRACE_S = 3.0  # between SIGTERM and SIGKILL, for a local cluster's processes
+SAMPLE_S = 2.0  # how often the command's processes are sampled
 
 
 class Signals:
@@ -79,19 +82,33 @@ class OwnProcesses:
                 continue
         return out
 
-    def wait_gone(self, timeout: float) -> list[psutil.Process]:
-        deadline = time.monotonic() + timeout
-        while (left := self.alive()) and time.monotonic() < deadline:
+    def stop(self, hurry: threading.Event) -> int:
+        """Much as Ray's node shutdown: its daemons (this process's children) get SIGTERM, then
+        every process still running STOP_GRACE_S later (at once on ``hurry``) gets SIGKILL: the
+        daemons do not all exit on SIGTERM while this driver is connected, nor do the workers
+        whose raylet is gone. How many had to be killed."""
+        try:
+            daemons = psutil.Process().children()
+        except psutil.Error:
+            daemons = []
+        for p in daemons:
+            _send(p, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while (left := self.alive()) and not hurry.is_set() and time.monotonic() < deadline:
             time.sleep(0.1)
-        return left
+        for p in left:
+            _send(p, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return len(left)
 
-    def kill(self) -> None:
-        for p in self.alive():
-            try:
-                p.kill()
-            except psutil.Error:
-                continue
-        self.wait_gone(2.0)
+
+def _send(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)  # psutil checks that the pid is still this process
+    except psutil.Error:
+        pass
 
 
 def _in_thread(fn: Callable[[], None]) -> threading.Event:
@@ -101,7 +118,7 @@ def _in_thread(fn: Callable[[], None]) -> threading.Event:
     def call() -> None:
         try:
             fn()
-        except Exception as exc:  # a failing shutdown step must not stop the next one
+        except Exception as exc:  # reported: nothing waits on this thread to raise it
             print(f"mlxray: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         finally:
             done.set()
@@ -110,15 +127,11 @@ def _in_thread(fn: Callable[[], None]) -> threading.Event:
     return done
 
 
-def _wait(event: threading.Event, signals: Signals, timeout: float,
-          pointless: Callable[[], bool]) -> bool:
-    """Until ``event``, a second signal, ``timeout`` or ``pointless()``; whether ``event``
-    came."""
+def _wait(event: threading.Event, signals: Signals, timeout: float) -> None:
+    """Until ``event``, a second signal or ``timeout``."""
     deadline = time.monotonic() + timeout
-    while not (event.is_set() or signals.hurry.is_set() or time.monotonic() > deadline
-               or pointless()):
+    while not (event.is_set() or signals.hurry.is_set() or time.monotonic() > deadline):
         event.wait(0.1)
-    return event.is_set()
 
 
 def run(config: dict) -> NoReturn:
@@ -137,6 +150,8 @@ def run(config: dict) -> NoReturn:
         while not signals.stop.wait(SAMPLE_S):
             if own is not None:
                 own.sample()
+            if parent_make_stopping():
+                signals.stop.set()
     finally:
         _shut_down(signals, own)
     if failure:
@@ -146,6 +161,24 @@ def run(config: dict) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1 if failure else 0)
+
+
+def parent_make_stopping() -> bool:
+    """Whether this command runs under GNU make (``make serve``) and make has been told to stop.
+    Sent SIGINT on its own (not to its group, as a terminal does), make passes nothing on: it
+    waits for its recipe to end, inside its fatal-signal handler, which /proc shows as the signal
+    blocked and no longer caught."""
+    try:
+        parent = psutil.Process().parent()
+        if parent is None or parent.name() != "make":
+            return False
+        status = Path(f"/proc/{parent.pid}/status").read_text()
+    except (psutil.Error, OSError):
+        return False
+    masks = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    blocked, caught = int(masks["SigBlk"], 16), int(masks["SigCgt"], 16)
+    return any(blocked & (1 << (sig - 1)) and not caught & (1 << (sig - 1))
+               for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
 
 
 def _init_ray(signals: Signals, attempts: int = 3) -> None:
@@ -212,34 +245,28 @@ def _deploy(schema: Any, config: dict, signals: Signals, failure: list[str]) -> 
 
 
 def _shut_down(signals: Signals, own: OwnProcesses | None) -> None:
-    """Ray (and Serve on a joined cluster) within GRACE_S, or until a second signal; then, for
-    a cluster of our own, every process of it still running is killed."""
+    """A cluster of our own is stopped (OwnProcesses.stop), Serve with it. A joined cluster:
+    Serve is shut down there and Ray disconnected, for at most GRACE_S."""
+    print("mlxray: stopping", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    killed = 0
+    if own is not None:
+        own.sample()
+        killed = own.stop(signals.hurry)
+    else:
+        _wait(_in_thread(_leave_joined_cluster), signals, GRACE_S)
+    print(f"mlxray: stopped in {time.monotonic() - start:.1f} s"
+          + (f" ({killed} processes killed)" if killed else ""), file=sys.stderr, flush=True)
+
+
+def _leave_joined_cluster() -> None:
     import ray
     from ray import serve
 
-    if own is not None:
-        own.sample()
-
-    def graceful() -> None:
-        try:
-            if own is None:  # a joined cluster stays up: take Serve off it
-                serve.shutdown()
-        finally:
-            ray.shutdown()  # a local cluster: stops it, Serve with it; a joined one: disconnects
-
-    print("mlxray: stopping", file=sys.stderr, flush=True)
-    start = time.monotonic()
-    # a cluster of our own that is all gone (a group signal reached it too) has nothing left to
-    # shut down: a shutdown still waiting waits on the dead
-    _wait(_in_thread(graceful), signals, GRACE_S, lambda: own is not None and not own.alive())
-    killed = 0
-    if own is not None:
-        left = own.wait_gone(0.0 if signals.hurry.is_set() else SETTLE_S)
-        killed = len(left)
-        own.kill()
-    print(f"mlxray: stopped in {time.monotonic() - start:.1f} s"
-          + (f" ({killed} processes of the local Ray cluster killed)" if killed else ""),
-          file=sys.stderr, flush=True)
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
