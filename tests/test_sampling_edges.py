@@ -1,8 +1,8 @@
 """The sampler chain with its numbers at the edges of their domains (the schema's float32 values
 of tests/edges.py's EDGES, infinities included): no step produces a NaN, a banned token is never
 drawn, the probabilities reported after sampling are finite. No model, no Ray: crafted logits
-through make_processors and make_sampler, as the engine runs them (mlx-lm normalizes the
-processed logits before the sampler)."""
+through the bias, the chain processor and the sampler, as the engine runs them (mlx-lm
+normalizes the processed logits before the sampler)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.chain import chain_processor
 from engine.numerics import FLT_MAX, sampler_init_error, scale
 from engine.sampling import make_processors, make_sampler
 from engine.types import DEFAULT_SAMPLERS, SamplingParams
@@ -58,9 +59,12 @@ params = st.builds(
 
 
 def run_chain(p: SamplingParams, steps: int = 3) -> list[tuple[int, mx.array | None]]:
-    """Tokens drawn and the probabilities recorded with them, step by step."""
+    """Tokens drawn and the probabilities recorded with them, step by step: the engine's
+    processors (the bias, then the chain) and its sampler (engine/admission.py's _chain)."""
     recorded: list[mx.array] = []
-    processors = make_processors(p, N_VOCAB, {})
+    processors = make_processors(p, N_VOCAB)
+    chain = chain_processor(p, 1, {}, None)
+    processors += [chain] if chain is not None else []
     sample = make_sampler(p, 1, N_VOCAB, record=recorded.append)
     out = []
     for _ in range(steps):
