@@ -90,13 +90,18 @@ class GGUFTokenizer:
     def __init__(self, file: GGUFFile):
         self.file = file
         self.model = str(file.get("tokenizer.ggml.model", ""))
-        self.tokens: list[str] = list(file.get("tokenizer.ggml.tokens") or [])
+        # llama.cpp names an empty token [EMPTY_i] and refuses a vocabulary with duplicates
+        self.tokens: list[str] = [text or f"[EMPTY_{i}]" for i, text in
+                                  enumerate(file.get("tokenizer.ggml.tokens") or [])]
         if not self.tokens:
             raise GGUFError(f"{file.path}: no tokenizer.ggml.tokens: mlxray needs the file's "
                             "vocabulary")
         n = len(self.tokens)
         self.types: list[int] = list(file.get("tokenizer.ggml.token_type") or [NORMAL] * n)
         self.ids = {text: i for i, text in enumerate(self.tokens)}
+        if len(self.ids) != n:
+            twice = next(t for i, t in enumerate(self.tokens) if self.ids[t] != i)
+            raise GGUFError(f"{file.path}: duplicate token in vocabulary: '{twice}'")
         spm = self.model == "llama"
         default_bos, default_eos = (1, 2) if spm else (11, 11)
         self.bos_id = self._id("bos", default_bos)
