@@ -151,9 +151,15 @@ class FactorRoPE(nn.Module):
 def log_summary(file: GGUFFile, placement: Placement) -> None:
     types = Counter(t.type.name for t in file.tensors.values())
     kinds = ", ".join(f"{name} x{n}" for name, n in sorted(types.items()))
-    log.info("GGUF %s: %s, %d tensors (%s); %d repacked as MLX affine groups of %d",
-             file.path.name, file.arch, len(file.tensors), kinds, len(placement.quantized),
-             quants.GROUP)
+    repacked = [t for name, t in placement.tensors.items()
+                if name.removesuffix(".weight") in placement.quantized]
+    # MLX's layout: the packed bits plus a float32 scale and bias per group of 32
+    mlx_bytes = sum(t.n_elements * quants.BITS[t.type] // 8 + t.n_elements // 4
+                    for t in repacked)
+    log.info("GGUF %s: %s, %d tensors (%s); %d repacked as MLX affine groups of %d: %.1f MiB "
+             "in memory for %.1f MiB in the file", file.path.name, file.arch, len(file.tensors),
+             kinds, len(repacked), quants.GROUP, mlx_bytes / MiB,
+             sum(t.n_bytes for t in repacked) / MiB)
     if placement.dequantized:
         stored = sum(t.n_bytes for t in placement.dequantized)
         loaded = sum(t.n_elements * 4 for t in placement.dequantized)
