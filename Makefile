@@ -1,5 +1,7 @@
 # mlxray: `make serve` sets up and serves the default model; `make test` runs the tests;
 # `make bench` runs the benchmark (BENCH_ARGS=--quick for the short one).
+# MLX's backend is chosen at install: MLX_BACKEND=cpu (the default), cuda (CUDA 12) or cuda13 on
+# Linux, e.g. `make install MLX_BACKEND=cuda`; a Mac always gets Metal.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
@@ -10,6 +12,11 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; 
 NO_PYTHON = mlxray needs Python 3.10 or newer, and python3 here is \
 	$(shell python3 --version 2>&1 || echo missing): install one (on a Mac: brew install \
 	python@3.12) or name it, e.g. make PYTHON=/opt/homebrew/bin/python3.12
+MLX_BACKEND ?= cpu
+BACKEND_PACKAGES := mlx-cpu mlx-cuda-12 mlx-cuda-13
+BACKEND_PACKAGE_cpu := mlx-cpu
+BACKEND_PACKAGE_cuda := mlx-cuda-12
+BACKEND_PACKAGE_cuda13 := mlx-cuda-13
 
 # Ray 2.60 enables token auth by default; a local cluster runs without it.
 export RAY_AUTH_MODE ?= disabled
@@ -17,13 +24,19 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 
 .PHONY: install serve test compat lint bench screenshots clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(MLX_BACKEND)
 
-$(VENV)/.installed: pyproject.toml
+# one backend at a time: switching removes the other's package first
+$(VENV)/.installed-$(MLX_BACKEND): pyproject.toml
 	$(if $(PYTHON),,$(error $(NO_PYTHON)))
+	@case "$(MLX_BACKEND)" in cpu|cuda|cuda13) ;; \
+	  *) echo "MLX_BACKEND must be cpu, cuda or cuda13, not '$(MLX_BACKEND)'"; exit 2;; esac
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	rm -f $(VENV)/.installed-*
+	$(PY) -m pip uninstall -q -y $(filter-out $(BACKEND_PACKAGE_$(MLX_BACKEND)),$(BACKEND_PACKAGES)) \
+	  2>/dev/null || true
+	$(PY) -m pip install -q -e ".[dev,$(MLX_BACKEND)]"
 	touch $@
 
 # `serve run` with a clean stop: SIGTERM or SIGINT (Ctrl-C), to it or to its whole process group,
@@ -49,7 +62,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) -m bench $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml
-	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PY) -m pip install -q -e ".[dev,bench,$(MLX_BACKEND)]"
 	touch $@
 
 # the web page's screenshots under docs/img (README), taken by its browser tests

@@ -21,6 +21,9 @@ from typing import Any
 
 import yaml
 
+from engine import device_choice
+from engine.gguf import is_gguf
+
 from . import cli_lora
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
@@ -66,7 +69,8 @@ def _bool_env(value: str) -> bool:
 
 
 HONORED: tuple[Option, ...] = (
-    Option(("-m", "--model"), "model", "LLAMA_ARG_MODEL", help="model folder (MLX / HF layout)"),
+    Option(("-m", "--model"), "model", "LLAMA_ARG_MODEL",
+           help="model folder (MLX / HF layout) or GGUF file"),
     Option(("--host",), "host", "LLAMA_ARG_HOST", help="listen address (default 127.0.0.1)"),
     Option(("--port",), "port", "LLAMA_ARG_PORT", int, "listen port (default 8080)"),
     Option(("-np", "--parallel"), "parallel", "LLAMA_ARG_N_PARALLEL", int,
@@ -103,6 +107,9 @@ HONORED: tuple[Option, ...] = (
            "once, N tokens", check=_reasoning_budget),
     Option(("--api-prefix",), "api_prefix", "LLAMA_ARG_API_PREFIX",
            help="path prefix of every route (e.g. /llm)"),
+    Option(("-dev", "--device"), "device", "LLAMA_ARG_DEVICE", device_choice.from_flag,
+           "where the model runs: none (the CPU) or a GPU (CUDA0, MTL0, ...); default: the GPU "
+           "where MLX has one", check=device_choice.refusal_here),
     Option(("-cb", "--cont-batching"), "cont_batching", "LLAMA_ARG_CONT_BATCHING", None,
            "continuous batching: always on", negative=("-nocb", "--no-cont-batching"),
            only=True, reason="batching is always continuous"),
@@ -184,7 +191,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE", ROPE),
     Unhonored(("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE", ROPE),
     Unhonored(("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE", ROPE),
-    Unhonored(("-dev", "--device"), "LLAMA_ARG_DEVICE", "MLX runs the model on its default device"),
     Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
     Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
     Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
@@ -308,6 +314,10 @@ def _check_only(opt: Option, value: Any, argv: Sequence[str], environ: dict[str,
 
 def model_context(model_path: str) -> int:
     """The model's training context (llama-server's n_ctx for -c 0), from its config.json."""
+    if is_gguf(model_path):
+        from engine.gguf.reader import context_length
+
+        return context_length(model_path)
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
@@ -335,8 +345,10 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
         fields["reasoning_format"] = ns.reasoning_format
     if ns.reasoning_budget is not None:
         fields["reasoning_budget_tokens"] = ns.reasoning_budget
+    if ns.device is not None:
+        fields["device"] = ns.device
     if ns.model:
-        fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).is_dir() else ns.model
+        fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})
     total = ns.ctx_size or model_context(probe.model_path)

@@ -17,6 +17,8 @@ from pydantic import (
 )
 
 from engine.adapter_folder import AdapterError, adapter_kind
+from engine.device_choice import DEVICE_PATTERN
+from engine.gguf import is_gguf
 from engine.types import Gather
 
 from .schema import INT32_MAX, REASONING_FORMATS
@@ -38,7 +40,12 @@ CONTROL_HEADROOM = 16
 class GraphArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(DEFAULT_MODEL, description="local model folder (or a Hugging Face id)")
+    model: str = Field(DEFAULT_MODEL, description="local model folder, a GGUF file (llama.cpp's "
+                                                  "format: engine/gguf), or a Hugging Face id")
+    device: str = Field("auto", pattern=DEVICE_PATTERN,
+                        description="where the model runs: auto (the GPU where MLX has one: Metal "
+                                    "on a Mac, CUDA with MLX's CUDA backend; else the CPU), gpu, "
+                                    "gpu:N or cpu (llama-server -dev)")
     alias: str | None = Field(None, description="model name in responses (llama-server --alias)")
     chat_template_file: str | None = Field(
         None, description="a Jinja chat template file used instead of the model's own "
@@ -117,7 +124,9 @@ class GraphArgs(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> GraphArgs:
         looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
-        if looks_local and not Path(self.model_path).is_dir():
+        if is_gguf(self.model) and not Path(self.model_path).is_file():
+            raise ValueError(f"GGUF file not found: {self.model}")
+        if looks_local and not is_gguf(self.model) and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
         if self.chat_template_file is not None and self.chat_template() is None:
             raise ValueError(f"chat template file not found: {self.chat_template_file}")
@@ -188,9 +197,10 @@ class GraphArgs(BaseModel):
 
     @property
     def model_path(self) -> str:
-        """A local folder, relative to the working directory or to the repository, else the id."""
+        """A local folder or GGUF file, relative to the working directory or to the repository,
+        else the id."""
         for candidate in (Path(self.model), REPO_ROOT / self.model):
-            if candidate.is_dir():
+            if candidate.is_dir() or (is_gguf(candidate) and candidate.is_file()):
                 return str(candidate.resolve())
         return self.model
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ray import serve
 
-from engine import aio, embed, slot_store
+from engine import aio, device_choice, embed, slot_store
 from engine.model import LoadedModel, load_model
 from engine.scheduler import Engine, EngineConfig
 from engine.types import (
@@ -100,6 +100,17 @@ def _grammar_prefill(p: CompletionParams) -> str:
     return p.generation_prompt if p.json_schema is not None and not p.grammar_lazy else ""
 
 
+def _log_to_serve() -> None:
+    """mlxray's loggers (the device chosen, a GGUF file's tensors and dequantization cost) into
+    this replica's Serve log, which Serve also writes to stderr."""
+    serve_log, ours = logging.getLogger("ray.serve"), logging.getLogger("mlxray")
+    if serve_log.handlers and not ours.handlers:
+        ours.setLevel(logging.INFO)
+        for handler in serve_log.handlers:
+            ours.addHandler(handler)
+        ours.propagate = False
+
+
 def _copy(value):
     return list(value) if isinstance(value, list) else value
 
@@ -108,6 +119,8 @@ def _copy(value):
 class ModelReplica:
     def __init__(self, args: GraphArgs):
         self.args = args
+        _log_to_serve()
+        device_choice.check(args.device)  # a device MLX cannot run on fails the start, saying so
         self.loaded: LoadedModel | None = None
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
@@ -120,7 +133,7 @@ class ModelReplica:
 
     def _load(self) -> None:
         try:
-            loaded = load_model(self.args.model_path, self.args.adapter)
+            loaded = load_model(self.args.model_path, self.args.adapter, self.args.device)
             engine = Engine(loaded, EngineConfig(
                 n_parallel=self.args.n_parallel, n_ctx=self.args.n_ctx,
                 n_batch=self.args.n_batch, cache_entries=self.args.cache_entries,

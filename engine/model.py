@@ -1,4 +1,5 @@
-"""Loading a model and its tokenizer, on the Metal GPU where MLX has one, else on the CPU."""
+"""Loading a model and its tokenizer (a model folder, or a GGUF file: engine/gguf), on the device
+the graph chose (engine/device_choice.py: the GPU where MLX has one, else the CPU)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from .device_choice import choose as choose_device
 from .vocab import Vocab
-
-
-def pick_device() -> mx.Device:
-    device = mx.gpu if mx.metal.is_available() else mx.cpu
-    mx.set_default_device(device)
-    return device
 
 
 @dataclass
@@ -31,19 +27,24 @@ class LoadedModel:
     device: mx.Device | None = None  # where it was loaded: the engine decodes there
 
 
-def load_model(path: str, adapter: str | None = None) -> LoadedModel:
-    """Load with mlx_lm.load: a local folder, or a Hugging Face id when the hub is reachable;
-    ``adapter``: a DoRA or full fine-tune folder fused into the weights (engine/lora.py)."""
+def load_model(path: str, adapter: str | None = None, device: str = "auto") -> LoadedModel:
+    """A GGUF file (engine/gguf), else mlx_lm.load: a local folder, or a Hugging Face id when
+    the hub is reachable; ``adapter``: a DoRA or full fine-tune folder fused into the weights
+    (engine/lora.py); ``device``: where it runs (engine/device_choice.py)."""
+    from .gguf import is_gguf, load_gguf
+
+    if is_gguf(path):
+        loaded = load_gguf(path, device)
+        if adapter is not None:
+            _fuse(loaded.model, adapter)
+        return loaded
     from mlx_lm import load
     from mlx_lm.utils import get_total_parameters
 
-    device = pick_device()
+    loaded_on = choose_device(device)
     model, wrapper, config = load(path, return_config=True)
     if adapter is not None:
-        from .lora import fuse_adapter
-
-        fuse_adapter(model, adapter)
-        mx.eval(model.parameters())
+        _fuse(model, adapter)
     hf = getattr(wrapper, "_tokenizer", wrapper)
     vocab = Vocab(hf, set(getattr(wrapper, "eos_token_ids", None) or ()))
     args = getattr(model, "args", None)
@@ -63,8 +64,15 @@ def load_model(path: str, adapter: str | None = None) -> LoadedModel:
         size_bytes=size_bytes,
         chat_template=getattr(hf, "chat_template", None),
         ftype=_ftype(params, config.get("quantization")),
-        device=device,
+        device=loaded_on,
     )
+
+
+def _fuse(model: Any, adapter: str) -> None:
+    from .lora import fuse_adapter
+
+    fuse_adapter(model, adapter)
+    mx.eval(model.parameters())
 
 
 def _ftype(params: list[mx.array], quantization: dict | None) -> str:

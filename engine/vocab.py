@@ -145,6 +145,13 @@ def load_vocab(path: str) -> Vocab:
 
     from transformers import AutoTokenizer
 
+    from .gguf import is_gguf
+
+    if is_gguf(path):
+        from .gguf.tokenizer import load_gguf_vocab
+
+        return load_gguf_vocab(path)
+
     hf = AutoTokenizer.from_pretrained(path)
     eos: set[int] = set()
     for name in ("generation_config.json", "config.json"):

@@ -14,6 +14,8 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.responses import Response
 
+from engine.gguf import is_gguf
+
 from ..app import error_response, json_response, read_object
 from ..base import IngressBase, ModelEndpoint
 from ..config import BUILD_INFO
@@ -83,18 +85,19 @@ async def models(ingress: IngressBase, request: Request) -> Response:
     named = [(model, info, name) for model, info in zip(ingress.models, infos)
              for name in (model.name, *(a.name for a in model.adapters.adapters))]
     return json_response({
-        "models": [_ollama_entry(name) for _, _, name in named],
+        "models": [_ollama_entry(name, model) for model, _, name in named],
         "object": "list",
         "data": [_oai_entry(model, info, created, name) for model, info, name in named],
     })
 
 
-def _ollama_entry(name: str) -> dict:
+def _ollama_entry(name: str, model: ModelEndpoint) -> dict:
+    file_format = "gguf" if is_gguf(model.args.model_path) else "mlx"
     return {
         "name": name, "model": name, "modified_at": "", "size": "", "digest": "",
         "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
         "parameters": "",
-        "details": {"parent_model": "", "format": "mlx", "family": "", "families": [""],
+        "details": {"parent_model": "", "format": file_format, "family": "", "families": [""],
                     "parameter_size": "", "quantization_level": ""},
     }
 
