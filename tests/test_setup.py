@@ -47,7 +47,7 @@ def test_make_finds_a_newer_python_beside_an_old_python3(tmp_path, bin_with_old_
     (bin_with_old_python3 / "python3.12").symlink_to(sys.executable)
     run = make_install(tmp_path, str(bin_with_old_python3))
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[0] == f"python3.12 -m venv {tmp_path}/venv"
+    assert f"python3.12 -m venv {tmp_path}/venv" in run.stdout.splitlines()
 
 
 def test_installed_versions_are_in_the_pinned_ranges():
@@ -58,7 +58,8 @@ def test_installed_versions_are_in_the_pinned_ranges():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     pinned = {}
-    for line in project["dependencies"]:
+    # mlx itself comes with the backend extra make installs (cpu by default on Linux)
+    for line in [*project["dependencies"], *project["optional-dependencies"]["cpu"]]:
         requirement = Requirement(line)
         if requirement.marker is None or requirement.marker.evaluate():
             pinned[requirement.name] = requirement.specifier
