@@ -78,6 +78,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(condition: Callable[[], object], timeout: float = 60.0, what: str = "condition",
+             poll: float = 0.2) -> object:
+    """``condition()``'s first truthy value, asked every ``poll`` seconds until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def wait_healthy(base: str, timeout: float = 120.0,
                  still_starting: Callable[[], None] | None = None) -> None:
     """Until /health answers 200; ``still_starting`` may raise to give up early."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from tests import conftest
 from tests.conftest import MODEL, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,13 +47,7 @@ class Scene:
 
 
 def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return conftest.wait_for(condition, timeout, what, poll=0.5)
 
 
 def cluster_config(port: int) -> dict:

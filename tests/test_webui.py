@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .conftest import MODEL
+from .conftest import MODEL, wait_for
 
 KEY = "webui-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -34,16 +33,6 @@ def webui_base(deploy_app) -> str:
 def no_webui_base(deploy_app) -> str:
     return deploy_app("nowebui", {"model": MODEL, "n_parallel": 1, "n_ctx": 256,
                                   "webui": False})
-
-
-def wait_for(condition, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ---- over HTTP -----------------------------------------------------------------------------
