@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .conftest import MODEL
+from .conftest import MODEL, mlx_lm_ids
 
 # what mlx_lm.lora writes into adapter_config.json, trimmed to what loading reads
 LORA_PARAMETERS = {"rank": 8, "scale": 20.0, "dropout": 0.0}
@@ -23,6 +23,7 @@ def write_adapter(folder: Path, seed: int, kind: str = "lora", num_layers: int =
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from mlx_lm.utils import load
 
+    mx.random.seed(seed)  # LoRA's A starts random too: the whole folder is the seed's
     model, _ = load(MODEL)
     model.freeze()
     parameters = {**LORA_PARAMETERS, **({"keys": keys} if keys else {})}
@@ -30,7 +31,6 @@ def write_adapter(folder: Path, seed: int, kind: str = "lora", num_layers: int =
         model.unfreeze()
     else:
         linear_to_lora_layers(model, num_layers, parameters, use_dora=kind == "dora")
-    mx.random.seed(seed)
     trained = tree_map(lambda p: p + magnitude * mx.random.normal(p.shape, dtype=p.dtype),
                        model.trainable_parameters())
     folder.mkdir(parents=True, exist_ok=True)
@@ -43,13 +43,7 @@ def write_adapter(folder: Path, seed: int, kind: str = "lora", num_layers: int =
 
 def mlx_lm_greedy(prompt: str, max_tokens: int, adapter: Path | None = None) -> list[int]:
     """mlx-lm's own greedy generation, the adapter loaded by mlx_lm.utils.load."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
 
     model, tokenizer = load(MODEL, adapter_path=str(adapter) if adapter else None)
-    tokens = tokenizer.encode(prompt)
-    out = []
-    for token, _ in generate_step(mx.array(tokens), model, max_tokens=max_tokens):
-        out.append(int(token))
-    return out
+    return mlx_lm_ids(model, tokenizer.encode(prompt), max_tokens)

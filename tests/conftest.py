@@ -54,6 +54,15 @@ def run_engine(engine, *requests) -> list:
     return asyncio.run(collect())
 
 
+def mlx_lm_ids(model, prompt: list[int], n: int, **kwargs) -> list[int]:
+    """mlx-lm's own ``generate_step``: the first ``n`` token ids (end of generation ignored)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(prompt), model, **kwargs)
+    return [int(token) for (token, _), _ in zip(steps, range(n))]
+
+
 @contextmanager
 def batch_sizes(engine) -> Iterator[list[int]]:
     """The sequences each engine step decodes, step by step, while inside."""

@@ -57,7 +57,7 @@ def cluster_config(port: int) -> dict:
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     config["proxy_location"] = "HeadOnly"
     app = config["applications"][0]
-    app["args"].update(model=MODEL, n_parallel=2, n_ctx=2048, n_batch=64)
+    app["args"].update(model=MODEL, n_parallel=2, n_ctx=8192, n_batch=64)
     for deployment in app["deployments"]:
         if deployment["name"] == "ModelReplica":
             deployment["autoscaling_config"].update(min_replicas=2, initial_replicas=2)
@@ -153,18 +153,11 @@ def test_prefix_routing_sends_repeats_to_the_replica_holding_the_prefix(scene):
 
 def test_a_node_removed_mid_stream(scene):
     prompt = "class Parser:\n"
-    # the prompt's replica is known before the stream starts (prefix routing sends the stream
-    # after it), so the node goes away while the stream still has most of its tokens to go
-    before = {r["replica"]: r["tokens_predicted_total"] for r in scene.replicas()}
-    complete(scene.base, prompt, 4)
-    grew = wait_for(lambda: [r for r in scene.replicas()
-                             if r["tokens_predicted_total"] > before.get(r["replica"], 0)],
-                    what="the warm-up in a report")
     frames: list = []
 
     def stream() -> None:
         with httpx.stream("POST", scene.base + "/completion", timeout=120, json={
-                "prompt": prompt, "n_predict": 2000, "ignore_eos": True,
+                "prompt": prompt, "n_predict": 8000, "ignore_eos": True,
                 "stream": True, "temperature": 0}) as answer:
             for line in answer.iter_lines():
                 if line.startswith("data: "):
@@ -173,7 +166,11 @@ def test_a_node_removed_mid_stream(scene):
     reader = threading.Thread(target=stream)
     reader.start()
     wait_for(lambda: len(frames) > 5, what="the stream's first frames")
-    (victim,) = [n for n in scene.device_nodes if n.node_id == grew[0]["node"]]
+    # the node whose replica reports a slot at work on the stream (8,000 tokens: seconds to go)
+    (busy,) = wait_for(lambda: [r for r in scene.replicas()
+                                if any(s["is_processing"] for s in r["slots"])],
+                       what="the stream's replica in a report")
+    (victim,) = [n for n in scene.device_nodes if n.node_id == busy["node"]]
     scene.cluster.remove_node(victim)
     reader.join(timeout=90)
     assert not reader.is_alive(), "the stream hangs after its node went away"

@@ -52,7 +52,10 @@ def request(engine, adapters=(), index=0, cache_prompt=False, prompt=PROMPT):
 
 
 def finals(engine, *requests) -> dict[int, FinalEvent]:
-    return {e.index: e for e in run_engine(engine, *requests) if isinstance(e, FinalEvent)}
+    events = run_engine(engine, *requests)
+    ended = {e.index: e for e in events if isinstance(e, FinalEvent)}
+    assert len(ended) == len(requests), events
+    return ended
 
 
 def solo(engine, adapters=()) -> list[int]:

@@ -7,14 +7,13 @@ import asyncio
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 
 from deployments.config import GraphArgs
 from engine import aio
 from engine.scheduler import Engine
 from engine.types import FinalEvent, Gather, GenerationRequest, SamplingParams, TokenEvent
 
-from .conftest import run_engine, running_engine
+from .conftest import mlx_lm_ids, run_engine, running_engine
 
 PROMPTS = ["def main():\n", "import os\n", "class Foo:\n    def __init__(self",
            "    for i in range("]
@@ -39,12 +38,7 @@ def finals(events) -> dict[int, FinalEvent]:
 
 def mlx_lm_greedy(engine: Engine, prompt: str, n: int) -> list[int]:
     tokens = engine.vocab.tokenize(prompt, add_special=True)
-    out = []
-    steps = generate_step(mx.array(tokens), engine.loaded.model,
-                          sampler=lambda x: mx.argmax(x, axis=-1))
-    for (token, _), _ in zip(steps, range(n)):
-        out.append(int(token))
-    return out
+    return mlx_lm_ids(engine.loaded.model, tokens, n, sampler=lambda x: mx.argmax(x, axis=-1))
 
 
 def test_greedy_ids_equal_mlx_lm(engine):

@@ -220,15 +220,12 @@ def build_zoo(root: Path, names: tuple[str, ...] | None = None) -> dict[str, Pat
 
 def reference_ids(folder: Path, prompt: list[int], n: int) -> list[int]:
     """mlx-lm's own greedy generation of ``n`` tokens (ignoring end of generation)."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
 
+    from .conftest import mlx_lm_ids
+
     model, _ = _load_cached(str(folder), load)
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=n):
-        out.append(int(token))
-    return out
+    return mlx_lm_ids(model, prompt, n)
 
 
 _LOADED: dict[str, tuple] = {}
