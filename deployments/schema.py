@@ -499,7 +499,7 @@ FIELDS: tuple[Field, ...] = (
     Field("grammar_triggers", "custom", parse=_parse_grammar_triggers),
     # a boolean: it arms the budget sampler for POST /v1/chat/completions/control (501 here)
     Field("reasoning_control", "bool", policy="inert"),
-    # the reasoning-budget sampler's (engine/sampling.py): tags tokenized with special tokens
+    # the reasoning budget (engine/reasoning_budget.py): tags tokenized with special tokens
     Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX)),
     Field("reasoning_budget_start_tag", "custom", attr="reasoning_budget_start",
           parse=_parse_start_tag),

@@ -15,20 +15,15 @@ import mlx.core as mx
 from .cache_snapshots import segments
 from .chain import chain_processor
 from .lora import adapter_key
+from .penalties import dry_active, greedy_with_bias, is_shared, make_processors, recorder
 from .prefix_cache import Hit
-from .sampling import (
+from .reasoning_budget import (
     BudgetState,
     budget_state,
-    dry_active,
-    greedy,
-    greedy_with_bias,
-    is_shared,
-    make_processors,
-    make_sampler,
     prefill_tokens,
     reasoning_budget_processor,
-    recorder,
 )
+from .sampling import greedy, make_sampler
 from .tasks import Slot, Task
 from .triggers import TriggerScanner
 from .types import ReasoningBudget, StartEvent

@@ -17,16 +17,14 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import numpy as np
 
-from .sampling import (
-    NEG_INF,
+from .penalties import (
     Breakers,
-    LogitsProcessor,
     dry_active,
     dry_processor,
-    make_filter,
     penalties_active,
     penalties_processor,
 )
+from .sampling import NEG_INF, LogitsProcessor, make_filter
 from .types import SamplingParams
 
 # samplers that can take the most likely candidate away: before a zero temperature they still act

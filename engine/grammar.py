@@ -26,7 +26,7 @@ from .grammar_text import GrammarError, json_lark, json_schema_grammar, to_lark
 from .triggers import TriggerScanner
 
 if TYPE_CHECKING:
-    from .sampling import BudgetState
+    from .reasoning_budget import BudgetState
 
 # json_schema_grammar is re-exported: the grammar's users need not know where strings are made
 __all__ = ["GrammarCache", "GrammarError", "GrammarProcessor", "json_lark", "json_schema_grammar",

@@ -30,9 +30,10 @@ from .grammar import GrammarCache, GrammarError
 from .lora import AdaptedBatchGenerator, AdapterSet
 from .model import LoadedModel
 from .numerics import sampler_init_error
+from .penalties import Breakers, dry_breakers
 from .prefix_cache import PrefixCache
 from .retirement import Retirement
-from .sampling import Breakers, dry_breakers, resolve_seed
+from .sampling import resolve_seed
 from .stepping import Stepping
 from .tasks import EngineConfig, EngineMetrics, Group, Sink, Slot, Task, units
 from .text import TextState

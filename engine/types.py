@@ -80,7 +80,7 @@ UNLIMITED_BUDGET = 2**31 - 1  # llama.cpp's INT_MAX: a budget that never runs ou
 class ReasoningBudget:
     """llama.cpp's reasoning-budget sampler for one sequence, tokenized: once ``start`` has been
     generated, at most ``tokens`` more are sampled freely before ``forced`` is forced one token at a
-    time, unless one of ``ends`` is generated first (see engine/sampling.py)."""
+    time, unless one of ``ends`` is generated first (see engine/reasoning_budget.py)."""
 
     tokens: int
     start: list[int]

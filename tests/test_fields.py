@@ -337,7 +337,7 @@ def test_cases_are_real():
 
 
 
-# ---- the reasoning budget (engine/sampling.py) on real output: greedy, so exact ---------------
+# ---- the reasoning budget (engine/reasoning_budget.py) on real output: greedy, so exact ----
 def test_reasoning_budget_forces_the_end_on_real_output(client):
     plain = complete(client, {**BUDGET, "reasoning_budget_tokens": -1})  # the default: no budget
     assert plain["content"].startswith("    return codecs.CodecInfo(\n")

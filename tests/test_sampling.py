@@ -10,22 +10,24 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine import sampling
+from engine import penalties
 from engine.chain import InfillVocab, chain_processor, infill_keep
-from engine.sampling import (
-    COUNTING,
-    DONE,
-    WAITING_UTF8,
-    budget_state,
+from engine.penalties import (
     dry_breakers,
     dry_penalties,
     dry_processor,
     make_processors,
-    make_sampler,
-    prefill_tokens,
-    reasoning_budget_processor,
     recorder,
 )
+from engine.reasoning_budget import (
+    COUNTING,
+    DONE,
+    WAITING_UTF8,
+    budget_state,
+    prefill_tokens,
+    reasoning_budget_processor,
+)
+from engine.sampling import make_sampler
 from engine.types import ReasoningBudget, SamplingParams
 
 N_VOCAB = 8
@@ -276,10 +278,10 @@ def test_greedy_with_bias_picks_what_the_bias_processor_then_greedy_picks():
     """The shared sampler that replaces a lone logit-bias processor under greedy sampling."""
     logits = mx.random.normal((4, 50), key=mx.random.key(3))
     bias = ((int(mx.argmax(logits[0]).item()), None), (7, 2.5), (11, -1.0))
-    processed = sampling.logit_bias_processor(list(bias), 50)(mx.array([]), logits)
+    processed = penalties.logit_bias_processor(list(bias), 50)(mx.array([]), logits)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    shared = sampling.greedy_with_bias(bias, 50)
-    assert shared is sampling.greedy_with_bias(bias, 50) and sampling.is_shared(shared)
+    shared = penalties.greedy_with_bias(bias, 50)
+    assert shared is penalties.greedy_with_bias(bias, 50) and penalties.is_shared(shared)
     assert shared(logprobs).tolist() == mx.argmax(processed, axis=-1).tolist()
 
 
@@ -337,6 +339,6 @@ def test_logit_bias_fits_logits_wider_than_the_vocabulary():
     """Models with padded embeddings return more logit columns than tokenizer entries."""
     bias = ((3, None), (5, 10.0))
     logits = mx.zeros((2, 12))
-    processed = sampling.logit_bias_processor(list(bias), 10)(mx.array([]), logits)
+    processed = penalties.logit_bias_processor(list(bias), 10)(mx.array([]), logits)
     assert processed.shape == (2, 12) and processed[0, 3].item() == float("-inf")
-    assert sampling.greedy_with_bias(bias, 10)(logits).tolist() == [5, 5]
+    assert penalties.greedy_with_bias(bias, 10)(logits).tolist() == [5, 5]

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from engine.chain import chain_processor
 from engine.numerics import FLT_MAX, sampler_init_error, scale
-from engine.sampling import make_processors, make_sampler
+from engine.penalties import make_processors
+from engine.sampling import make_sampler
 from engine.types import DEFAULT_SAMPLERS, SamplingParams
 
 from .edge_oracle import f32
