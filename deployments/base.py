@@ -19,8 +19,9 @@ from engine.vocab import Vocab, load_vocab
 from .adapters import AdapterTable
 from .chat import ChatTemplate
 from .config import GraphArgs
+from .defaults import server_defaults
 from .errors import ApiError, invalid
-from .schema import CompletionParams, ParseContext, f32
+from .schema import ParseContext
 
 PUBLIC_PATHS = {"/health", "/v1/health"}
 
@@ -34,8 +35,8 @@ class ModelEndpoint:
         self.replica = replica
         self.args = args
         self.vocab = vocab
-        self.defaults = CompletionParams(
-            temperature=f32(args.temperature), seed=args.seed, n_predict=args.n_predict,
+        self.defaults = server_defaults(
+            args.sampling, args.temperature, args.seed, args.n_predict,
             cache_prompt=args.cache_prompt, reasoning_format=args.reasoning_format,
             reasoning_budget_tokens=args.reasoning_budget_tokens,
         )

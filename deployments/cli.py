@@ -24,7 +24,7 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_lora
+from . import cli_lora, cli_sampling
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
 from .schema import REASONING_FORMATS
@@ -50,6 +50,7 @@ class Option:
     reason: str = ""
     # the reference's refusal of a value it parses (its message), None for a value it takes
     check: Callable[[Any], str | None] | None = None
+    repeat: bool = False  # repeatable: each use extends the list ``kind`` makes of its value
 
     def spellings(self, value: bool) -> tuple[str, ...]:
         return self.flags if value else self.negative
@@ -90,7 +91,8 @@ HONORED: tuple[Option, ...] = (
     Option(("--slots",), "slots", "LLAMA_ARG_ENDPOINT_SLOTS", None, "serve /slots (default)",
            negative=("--no-slots",)),
     Option(("--props",), "props", "LLAMA_ARG_ENDPOINT_PROPS", None, "allow POST /props"),
-    Option(("--temp",), "temp", None, float, "default temperature (0.8)"),
+    Option(("--temp", "--temperature"), "temp", None, float,
+           "default temperature (0.8; <= 0: greedy)"),
     Option(("-s", "--seed"), "seed", None, int, "default seed (-1: random)"),
     Option(("--cache-prompt",), "cache_prompt", "LLAMA_ARG_CACHE_PROMPT", None,
            "default of cache_prompt (on)", negative=("--no-cache-prompt",)),
@@ -123,6 +125,7 @@ HONORED: tuple[Option, ...] = (
            "the web page at / (chat and the graph's status; default on)",
            negative=("--no-webui",)),
     *cli_lora.options(Option),
+    *cli_sampling.options(Option),
 )
 
 
@@ -151,7 +154,6 @@ NO_UI = "mlxray serves the API only: no web UI, no static files"
 ROPE = "RoPE settings come from the model folder's config.json"
 ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
           "time")
-SAMPLING = "sampling defaults other than --temp and --seed are not taken: send them per request"
 LOGS = "logs are Ray's (the session's log folder, RAY_SERVE_* logging settings)"
 
 REFUSED: tuple[Unhonored, ...] = (
@@ -203,11 +205,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
     Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
               ROUTER),
-    Unhonored(("--top-k",), None, SAMPLING),
-    Unhonored(("--top-p",), None, SAMPLING),
-    Unhonored(("--min-p",), None, SAMPLING),
-    Unhonored(("--repeat-penalty",), None, SAMPLING),
-    Unhonored(("--samplers",), None, SAMPLING),
     Unhonored(("-v", "--verbose", "--log-verbose"), None, LOGS),
     Unhonored(("--log-disable",), None, LOGS),
     Unhonored(("--log-file",), None, LOGS),
@@ -238,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
                                const=False, help=argparse.SUPPRESS if shown else help_text)
         else:
             p.add_argument(*opt.flags, dest=opt.dest, type=opt.kind, default=None,
-                           help=help_text)
+                           action="extend" if opt.repeat else "store", help=help_text)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
     return p
@@ -350,6 +347,9 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     if ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))
+    sampling = cli_sampling.sampling_fields(ns, ns.argv)
+    if sampling:
+        fields["sampling"] = sampling
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})
     total = ns.ctx_size or model_context(probe.model_path)
     if total and parallel >= 1:

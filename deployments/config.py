@@ -21,6 +21,7 @@ from engine.device_choice import DEVICE_PATTERN
 from engine.gguf import is_gguf
 from engine.types import Gather
 
+from .defaults import check_sampling
 from .schema import INT32_MAX, REASONING_FORMATS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,11 @@ class GraphArgs(BaseModel):
     n_predict: int = Field(-1, ge=-1, description="default token limit (llama-server -n)")
     temperature: float = Field(0.8, description="default temperature (--temp; <= 0: greedy)")
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
+    sampling: dict[str, Any] = Field(
+        {}, description="defaults of a request's other sampling fields, by the field's name "
+                        "(top_k, top_p, min_p, typical_p, repeat_penalty, dry_multiplier, "
+                        "samplers, ignore_eos, ...: llama-server --top-k, --top-p, ...); a "
+                        "request's own field overrides its default")
     cache_prompt: bool = Field(True, description="default of cache_prompt")
     reasoning_format: str = Field(
         "deepseek", description="default of a request's reasoning_format (--reasoning-format): "
@@ -120,6 +126,11 @@ class GraphArgs(BaseModel):
         if name not in REASONING_FORMATS:  # the request field's own error
             raise ValueError(f"Unknown reasoning format: {name}")
         return name
+
+    @field_validator("sampling")
+    @classmethod
+    def _known_sampling(cls, sampling: dict[str, Any]) -> dict[str, Any]:
+        return check_sampling(sampling)
 
     @model_validator(mode="after")
     def _check(self) -> GraphArgs:
