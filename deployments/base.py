@@ -46,7 +46,7 @@ class ModelEndpoint:
             n_vocab=vocab.n_vocab,
             eog_ids=tuple(sorted(vocab.eog_ids)),
         )
-        self.chat = ChatTemplate(vocab.hf, args.chat_template())
+        self.chat = ChatTemplate(vocab.hf, args.template_source(), args.chat_template_kwargs)
         self.adapters = AdapterTable(args)
         self.special_token = lambda text: _special_token(vocab, text)
         self._ready = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_lora, cli_sampling
+from . import cli_lora, cli_runtime, cli_sampling, cli_template
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
 from .schema import REASONING_FORMATS
@@ -125,7 +126,9 @@ HONORED: tuple[Option, ...] = (
            "the web page at / (chat and the graph's status; default on)",
            negative=("--no-webui",)),
     *cli_lora.options(Option),
+    *cli_template.options(Option),
     *cli_sampling.options(Option),
+    *cli_runtime.options(Option),
 )
 
 
@@ -140,12 +143,9 @@ class Unhonored:
 
 
 SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
-THREADS = "MLX schedules its own compute threads"
 KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
 KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
             "longest common prefix")
-LOADING = "mlx-lm loads the weights itself: there is no mmap or mlock switch"
-TEMPLATE = "the chat template is the model folder's own (tokenizer_config.json): put yours there"
 DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a cached Hugging Face "
             "id)")
 TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
@@ -154,21 +154,8 @@ NO_UI = "mlxray serves the API only: no web UI, no static files"
 ROPE = "RoPE settings come from the model folder's config.json"
 ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
           "time")
-LOGS = "logs are Ray's (the session's log folder, RAY_SERVE_* logging settings)"
 
 REFUSED: tuple[Unhonored, ...] = (
-    Unhonored(("--chat-template",), "LLAMA_ARG_CHAT_TEMPLATE", TEMPLATE),
-    Unhonored(("--chat-template-file",), "LLAMA_ARG_CHAT_TEMPLATE_FILE", TEMPLATE),
-    Unhonored(("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH",
-              "MLX has no separate physical batch: -b sets the prefill chunk"),
-    Unhonored(("-t", "--threads"), "LLAMA_ARG_THREADS", THREADS),
-    Unhonored(("-tb", "--threads-batch"), "LLAMA_ARG_THREADS_BATCH", THREADS),
-    Unhonored(("--threads-http",), "LLAMA_ARG_THREADS_HTTP",
-              "Ray Serve's HTTP proxy serves requests asynchronously, without a thread pool"),
-    Unhonored(("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS",
-              "MLX keeps the whole model in unified memory: there are no layers to offload"),
-    Unhonored(("-fa", "--flash-attn"), "LLAMA_ARG_FLASH_ATTN",
-              "MLX chooses its own attention kernel"),
     Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
     Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
@@ -176,10 +163,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
     Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
               "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
-    Unhonored(("-to", "--timeout"), "LLAMA_ARG_TIMEOUT",
-              "the request time limit is Ray Serve's http_options.request_timeout_s"),
-    Unhonored(("--mlock",), "LLAMA_ARG_MLOCK", LOADING),
-    Unhonored(("--no-mmap", "--mmap"), "LLAMA_ARG_MMAP", LOADING),
     Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
     Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
     Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
@@ -205,9 +188,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
     Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
               ROUTER),
-    Unhonored(("-v", "--verbose", "--log-verbose"), None, LOGS),
-    Unhonored(("--log-disable",), None, LOGS),
-    Unhonored(("--log-file",), None, LOGS),
 )
 
 DEFAULTS = {"host": "127.0.0.1", "port": 8080, "parallel": -1, "ctx_size": 0,
@@ -326,7 +306,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     """The application's args. llama-server's -c is the whole context, split across -np slots;
     GraphArgs.n_ctx is one slot's."""
     parallel = AUTO_PARALLEL if ns.parallel == -1 else ns.parallel
-    fields: dict[str, Any] = {"n_parallel": parallel, "n_batch": ns.batch_size,
+    fields: dict[str, Any] = {"n_parallel": parallel, "n_batch": cli_runtime.prefill_chunk(ns),
                               "n_predict": ns.n_predict, "temperature": ns.temp,
                               "seed": SEED_RANDOM if ns.seed == -1 else ns.seed,
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
@@ -342,11 +322,12 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
         fields["reasoning_format"] = ns.reasoning_format
     if ns.reasoning_budget is not None:
         fields["reasoning_budget_tokens"] = ns.reasoning_budget
-    if ns.device is not None:
-        fields["device"] = ns.device
+    if cli_runtime.device(ns) is not None:
+        fields["device"] = cli_runtime.device(ns)
     if ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))
+    fields.update(cli_template.template_fields(ns))
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling
@@ -394,9 +375,11 @@ def serve_config(ns: argparse.Namespace) -> dict:
     sizes = {"model": graph.model, "n_parallel": graph.n_parallel, "n_ctx": graph.n_ctx,
              "n_batch": graph.n_batch}
     args = {**sizes, **graph.model_dump(exclude_defaults=True)}
+    logging = cli_runtime.logging_config(ns)
     return {
         "proxy_location": "HeadOnly",
-        "http_options": {"host": ns.host, "port": ns.port},
+        "http_options": {"host": ns.host, "port": ns.port, **cli_runtime.http_options(ns)},
+        **({"logging_config": logging} if logging else {}),
         "applications": [{
             "name": APP_NAME,
             "route_prefix": route_prefix(ns),
@@ -421,6 +404,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = serve_config(ns)
     except (Refused, ValueError) as exc:
         parser().exit(2, f"mlxray: error: {exc}\n")
+    cli_runtime.configure_logging(ns)
+    for note in cli_runtime.notes(ns, HONORED):
+        logging.getLogger("mlxray").warning("accepted %s", note)
     if ns.dump_config:
         yaml.safe_dump(config, sys.stdout, sort_keys=False)
         return

@@ -21,6 +21,7 @@ from engine.device_choice import DEVICE_PATTERN
 from engine.gguf import is_gguf
 from engine.types import Gather
 
+from .chat import CHATML
 from .defaults import check_sampling
 from .schema import INT32_MAX, REASONING_FORMATS
 
@@ -52,6 +53,12 @@ class GraphArgs(BaseModel):
         None, description="a Jinja chat template file used instead of the model's own "
                           "(llama-server --chat-template-file); relative to the working "
                           "directory or the repository")
+    chat_template: str | None = Field(
+        None, description="a Jinja chat template's text used instead of the model's own "
+                          "(llama-server --chat-template; the name chatml is ChatML)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        {}, description="default variables of the chat template, under a request's own "
+                        "chat_template_kwargs (llama-server --chat-template-kwargs)")
     n_parallel: int = Field(4, ge=1, le=256, description="slots (llama-server -np)")
     n_ctx: int = Field(2048, ge=8, description="context tokens per slot")
     n_batch: int = Field(512, ge=1, description="prefill chunk in tokens (llama-server -b)")
@@ -139,7 +146,7 @@ class GraphArgs(BaseModel):
             raise ValueError(f"GGUF file not found: {self.model}")
         if looks_local and not is_gguf(self.model) and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
-        if self.chat_template_file is not None and self.chat_template() is None:
+        if self.chat_template_file is not None and self.template_file_text() is None:
             raise ValueError(f"chat template file not found: {self.chat_template_file}")
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ValueError(f"lora_dir folder not found: {self.lora_dir}")
@@ -215,7 +222,14 @@ class GraphArgs(BaseModel):
                 return str(candidate.resolve())
         return self.model
 
-    def chat_template(self) -> str | None:
+    def template_source(self) -> str | None:
+        """The chat template set here: ``chat_template``'s text (``chatml``: ChatML), else the
+        text of ``chat_template_file``; None for the model's own."""
+        if self.chat_template is not None:
+            return CHATML if self.chat_template == "chatml" else self.chat_template
+        return self.template_file_text()
+
+    def template_file_text(self) -> str | None:
         """The text of ``chat_template_file`` (None when it names no file)."""
         if self.chat_template_file is None:
             return None
