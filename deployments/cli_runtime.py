@@ -133,10 +133,17 @@ def notes(ns: Any, honored: tuple) -> list[str]:
 
 
 def configure_logging(ns: Any) -> None:
-    """The command's own Python logging: its level and --log-file."""
-    last = logging_config(ns).get("log_level", "INFO")
+    """The command's own logger ("mlxray"): its level (-v, --log-disable) and --log-file, set
+    again on each call (handlers of an earlier call are closed)."""
+    log = logging.getLogger("mlxray")
+    for handler in [h for h in log.handlers if getattr(h, "mlxray", False)]:
+        log.removeHandler(handler)
+        handler.close()
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if ns.log_file:
         handlers.append(logging.FileHandler(ns.log_file))
-    logging.basicConfig(level=last, handlers=handlers,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for handler in handlers:
+        handler.mlxray = True  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging_config(ns).get("log_level", "INFO"))
