@@ -13,7 +13,7 @@ from typing import Any
 TRUTHY = ("on", "enabled", "true", "1")
 FALSEY = ("off", "disabled", "false", "0")
 AUTOY = ("auto", "-1")
-MMAP = ("mlx-lm reads the weights into MLX's own buffers (mx.load): there is no memory-mapped "
+MMAP = ("mlx-lm reads the weights into MLX's own buffers with mx.load: there is no memory-mapped "
         "loading; --no-mmap is what it always does")
 
 NOTES = {
