@@ -26,6 +26,7 @@ from engine import device_choice
 from engine.gguf import is_gguf
 
 from . import cli_lora, cli_runtime, cli_sampling, cli_template
+from .cli_refused import REFUSED, SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
 from .schema import REASONING_FORMATS
@@ -132,64 +133,6 @@ HONORED: tuple[Option, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Unhonored:
-    """A llama-server option mlxray refuses: every spelling of it, its environment variable and
-    why, printed with the refusal (docs/llama-server-compat.md classifies each)."""
-
-    flags: tuple[str, ...]
-    env: str | None
-    reason: str
-
-
-SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
-KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
-KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
-            "longest common prefix")
-DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a cached Hugging Face "
-            "id)")
-TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
-       "load balancer")
-NO_UI = "mlxray serves the API only: no web UI, no static files"
-ROPE = "RoPE settings come from the model folder's config.json"
-ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
-          "time")
-
-REFUSED: tuple[Unhonored, ...] = (
-    Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
-    Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
-    Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
-              "each slot owns its KV cache: there is no shared KV buffer"),
-    Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
-    Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
-              "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
-    Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
-    Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
-    Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
-    Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
-              "mlxray has no speculative decoding"),
-    Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
-              "reranking is not supported by mlxray (it serves no reranking models)"),
-    Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
-    Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
-    Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
-    Unhonored(("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE", ROPE),
-    Unhonored(("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE", ROPE),
-    Unhonored(("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE", ROPE),
-    Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
-    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
-    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
-    Unhonored(("--numa",), "LLAMA_ARG_NUMA", "MLX places its memory itself"),
-    Unhonored(("--slot-prompt-similarity", "-sps"), None,
-              "every slot shares the prefix cache: a request reuses the longest cached prefix "
-              "whatever slot it gets"),
-    Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
-    Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
-    Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
-    Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
-              ROUTER),
-)
-
 DEFAULTS = {"host": "127.0.0.1", "port": 8080, "parallel": -1, "ctx_size": 0,
             "batch_size": 2048, "n_predict": -1, "temp": 0.8, "seed": -1}
 
@@ -203,22 +146,43 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlxray", allow_abbrev=False,
         description="llama-server's HTTP API for MLX models, on Ray Serve.",
-        epilog="llama-server flags not listed here are refused, naming them.")
+        epilog="llama-server flags not listed here are refused, naming them. An option whose "
+               "help says 'accepted' changes nothing here and is reported at start, saying why.")
+    groups = {name: p.add_argument_group(f"----- {name} params -----") for name in HELP_GROUPS}
     for opt in HONORED:
-        help_text = opt.help + (f" [env {opt.env}]" if opt.env else "")
-        if opt.kind is None:  # a switch: its honored spellings shown, the others parsed quietly
-            shown = opt.only is not False
-            p.add_argument(*opt.flags, dest=opt.dest, action="store_const", const=True,
-                           default=None, help=help_text if shown else argparse.SUPPRESS)
-            if opt.negative:
-                p.add_argument(*opt.negative, dest=opt.dest, action="store_const",
-                               const=False, help=argparse.SUPPRESS if shown else help_text)
-        else:
-            p.add_argument(*opt.flags, dest=opt.dest, type=opt.kind, default=None,
-                           action="extend" if opt.repeat else "store", help=help_text)
+        _add(groups[help_group(opt.dest)], opt)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
     return p
+
+
+def _add(group: argparse._ArgumentGroup, opt: Option) -> None:
+    help_text = opt.help + (f" [env {opt.env}]" if opt.env else "")
+    if opt.kind is None:  # a switch: its honored spellings shown, the others parsed quietly
+        shown = opt.only is not False
+        group.add_argument(*opt.flags, dest=opt.dest, action="store_const", const=True,
+                           default=None, help=help_text if shown else argparse.SUPPRESS)
+        if opt.negative:
+            group.add_argument(*opt.negative, dest=opt.dest, action="store_const",
+                               const=False, help=argparse.SUPPRESS if shown else help_text)
+    else:
+        group.add_argument(*opt.flags, dest=opt.dest, type=opt.kind, default=None,
+                           action="extend" if opt.repeat else "store", help=help_text)
+
+
+# llama-server --help's groups: common, sampling, then the server's own ("example-specific")
+HELP_GROUPS = ("common", "sampling", "server")
+COMMON = {"model", "ctx_size", "batch_size", "ubatch_size", "n_predict", "threads",
+          "threads_batch", "n_gpu_layers", "flash_attn", "device", "mlock", "mmap", "verbose",
+          "log_disable", "log_file", "log_colors", "lora", "lora_scaled", "context_shift"}
+
+
+def help_group(dest: str) -> str:
+    if dest in COMMON:
+        return "common"
+    if dest in cli_sampling.FIELDS or dest in ("temp", "seed", "samplers", "sampler_seq"):
+        return "sampling"
+    return "server"
 
 
 REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}

@@ -1,0 +1,65 @@
+"""The llama-server options mlxray refuses, each spelling and variable with the reason printed
+with the refusal (docs/llama-server-compat.md classifies each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Unhonored:
+    """A llama-server option mlxray refuses: every spelling of it, its environment variable and
+    why, printed with the refusal (docs/llama-server-compat.md classifies each)."""
+
+    flags: tuple[str, ...]
+    env: str | None
+    reason: str
+
+
+SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
+KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
+KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
+            "longest common prefix")
+DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a cached Hugging Face "
+            "id)")
+TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
+       "load balancer")
+NO_UI = "mlxray serves the API only: no web UI, no static files"
+ROPE = "RoPE settings come from the model folder's config.json"
+ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
+          "time")
+
+REFUSED: tuple[Unhonored, ...] = (
+    Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
+    Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
+    Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
+              "each slot owns its KV cache: there is no shared KV buffer"),
+    Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
+    Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
+              "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
+    Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
+    Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
+    Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
+    Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
+              "mlxray has no speculative decoding"),
+    Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
+              "reranking is not supported by mlxray (it serves no reranking models)"),
+    Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
+    Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
+    Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
+    Unhonored(("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE", ROPE),
+    Unhonored(("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE", ROPE),
+    Unhonored(("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE", ROPE),
+    Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
+    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
+    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
+    Unhonored(("--numa",), "LLAMA_ARG_NUMA", "MLX places its memory itself"),
+    Unhonored(("--slot-prompt-similarity", "-sps"), None,
+              "every slot shares the prefix cache: a request reuses the longest cached prefix "
+              "whatever slot it gets"),
+    Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
+    Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
+    Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
+    Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
+              ROUTER),
+)
