@@ -25,7 +25,7 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_lora, cli_runtime, cli_sampling, cli_template
+from . import cli_lora, cli_rope, cli_runtime, cli_sampling, cli_template
 from .cli_refused import REFUSED, SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
@@ -130,6 +130,7 @@ HONORED: tuple[Option, ...] = (
     *cli_template.options(Option),
     *cli_sampling.options(Option),
     *cli_runtime.options(Option),
+    *cli_rope.options(Option),
 )
 
 
@@ -296,6 +297,9 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     if sampling:
         fields["sampling"] = sampling
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})
+    overrides = cli_rope.model_config(ns, probe.model_path)
+    if overrides:
+        fields["config_overrides"] = overrides
     total = ns.ctx_size or model_context(probe.model_path)
     if total and parallel >= 1:
         if total // parallel < 8:

@@ -25,7 +25,8 @@ DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a ca
 TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
        "load balancer")
 NO_UI = "mlxray serves the API only: no web UI, no static files"
-ROPE = "RoPE settings come from the model folder's config.json"
+YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
+        "the model's config.json instead")
 ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
           "time")
 
@@ -47,9 +48,8 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
     Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
     Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
-    Unhonored(("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE", ROPE),
-    Unhonored(("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE", ROPE),
-    Unhonored(("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE", ROPE),
+    Unhonored(("--yarn-ext-factor",), "LLAMA_ARG_YARN_EXT_FACTOR", YARN),
+    Unhonored(("--yarn-attn-factor",), "LLAMA_ARG_YARN_ATTN_FACTOR", YARN),
     Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
     Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
     Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),

@@ -53,6 +53,10 @@ class GraphArgs(BaseModel):
         None, description="a Jinja chat template file used instead of the model's own "
                           "(llama-server --chat-template-file); relative to the working "
                           "directory or the repository")
+    config_overrides: dict[str, Any] = Field(
+        {}, description="keys laid over the model folder's config.json when it loads "
+                        "(mlx_lm.load's model_config): rope_theta, rope_scaling, ... "
+                        "(llama-server --rope-*, --yarn-*); not for a GGUF file")
     chat_template: str | None = Field(
         None, description="a Jinja chat template's text used instead of the model's own "
                           "(llama-server --chat-template; the name chatml is ChatML)")
@@ -146,6 +150,9 @@ class GraphArgs(BaseModel):
             raise ValueError(f"GGUF file not found: {self.model}")
         if looks_local and not is_gguf(self.model) and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
+        if self.config_overrides and is_gguf(self.model):
+            raise ValueError("config_overrides (--rope-*, --yarn-*) applies to a model folder's "
+                             "config.json, not to a GGUF file")
         if self.chat_template_file is not None and self.template_file_text() is None:
             raise ValueError(f"chat template file not found: {self.chat_template_file}")
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():

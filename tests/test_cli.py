@@ -65,7 +65,7 @@ def test_environment_variables_and_flag_precedence():
 @pytest.mark.parametrize("argv,environ,named", [
     (["-ctk", "q8_0"], {}, "-ctk"),
     (["-sm", "row", "--mmproj", "a.gguf"], {}, "-sm, --mmproj"),
-    (["--rope-scaling=yarn"], {}, "--rope-scaling"),
+    (["--yarn-ext-factor=1"], {}, "--yarn-ext-factor"),
     ([], {"LLAMA_ARG_CACHE_TYPE_K": "q8_0"}, "LLAMA_ARG_CACHE_TYPE_K"),
 ])
 def test_unhonored_options_are_refused_by_name(argv, environ, named):

@@ -88,6 +88,15 @@ INVOCATIONS = [
     ("-m {m} --chat-template-kwargs {{\"enable_thinking\":false}} --reasoning-format none",
      {"args": {"chat_template_kwargs": {"enable_thinking": False},
                "reasoning_format": "none"}}),
+    # RoPE: a linear stretch of the context, a new base frequency; YaRN over the model's 2048
+    ("-m {m} --rope-scaling linear --rope-scale 4 --rope-freq-base 20000 -c 8192",
+     {"args": {"config_overrides": {"rope_theta": 20000.0, "rope_scaling": {
+         "type": "linear", "factor": 4.0}}}}),
+    ("-m {m} --rope-scaling yarn --rope-freq-scale 0.25 --yarn-orig-ctx 2048 "
+     "--yarn-beta-fast 32 --yarn-beta-slow 1",
+     {"args": {"config_overrides": {"rope_scaling": {
+         "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+         "beta_slow": 1.0, "beta_fast": 32.0}}}}),
     # the temperature's long spelling and the typical's
     ("-m {m} --temperature 0.3 --typical-p 0.5 --top-nsigma 1.5 --xtc-probability 0.5",
      {"args": {"temperature": 0.3, "sampling": {"typical_p": 0.5, "top_n_sigma": 1.5,
@@ -152,6 +161,29 @@ def test_accepted_options_are_reported(capsys, caplog):
 def test_values_the_reference_refuses(argv, message):
     with pytest.raises(cli.Refused, match=message):
         cli.parse(argv, {})
+
+
+def test_rope_options_reach_the_loaded_model():
+    """--rope-* land in the config mlx-lm builds the model from: the RoPE of its attention
+    layers has the base and scale asked for (YaRN: MLX's YaRN RoPE); --rope-scaling none drops
+    the model's scaling; the YaRN factors MLX has no knob for are refused."""
+    from engine.model import load_model
+
+    def rope(argv: list[str]):
+        graph = cli.graph_args(cli.parse(["-m", MODEL, *argv], {}))
+        model = load_model(graph.model_path, None, "cpu", graph.config_overrides).model
+        return model.layers[0].self_attn.rope
+
+    plain, linear = rope([]), rope(["--rope-scale", "4", "--rope-freq-base", "20000"])
+    assert (plain.base, plain.scale) == (10000.0, 1.0)
+    assert (linear.base, linear.scale) == (20000.0, 0.25)
+    assert type(rope(["--rope-scaling", "yarn", "--rope-scale", "4"])).__name__ == "YarnRoPE"
+    assert cli.graph_args(cli.parse(["--rope-scaling", "none"], {})).config_overrides == {
+        "rope_scaling": None}
+    with pytest.raises(ValueError, match="need YaRN scaling"):
+        cli.graph_args(cli.parse(["--yarn-orig-ctx", "4096"], {}))
+    with pytest.raises(cli.Refused, match="--yarn-attn-factor: MLX's YaRN"):
+        cli.parse(["--yarn-attn-factor", "1.2"], {})
 
 
 def test_variables_and_the_chat_template_file(tmp_path):
