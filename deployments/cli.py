@@ -25,7 +25,7 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_lora, cli_rope, cli_runtime, cli_sampling, cli_template
+from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_template
 from .cli_refused import REFUSED, SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
@@ -74,6 +74,10 @@ def _bool_env(value: str) -> bool:
 HONORED: tuple[Option, ...] = (
     Option(("-m", "--model"), "model", "LLAMA_ARG_MODEL",
            help="model folder (MLX / HF layout) or GGUF file"),
+    Option(("-hf", "-hfr", "--hf-repo"), "hf_repo", "LLAMA_ARG_HF_REPO",
+           help="<user>/<model>[:quant]: a Hugging Face repository as the model (a GGUF one: "
+                "the quant's file, Q4_K_M by default); from the hub cache with --dump-config "
+                "or HF_HUB_OFFLINE=1; wins over -m"),
     Option(("--host",), "host", "LLAMA_ARG_HOST", help="listen address (default 127.0.0.1)"),
     Option(("--port",), "port", "LLAMA_ARG_PORT", int, "listen port (default 8080)"),
     Option(("-np", "--parallel"), "parallel", "LLAMA_ARG_N_PARALLEL", int,
@@ -173,7 +177,7 @@ def _add(group: argparse._ArgumentGroup, opt: Option) -> None:
 
 # llama-server --help's groups: common, sampling, then the server's own ("example-specific")
 HELP_GROUPS = ("common", "sampling", "server")
-COMMON = {"model", "ctx_size", "batch_size", "ubatch_size", "n_predict", "threads",
+COMMON = {"model", "hf_repo", "ctx_size", "batch_size", "ubatch_size", "n_predict", "threads",
           "threads_batch", "n_gpu_layers", "flash_attn", "device", "mlock", "mmap", "verbose",
           "log_disable", "log_file", "log_colors", "lora", "lora_scaled", "context_shift"}
 
@@ -289,7 +293,9 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
         fields["reasoning_budget_tokens"] = ns.reasoning_budget
     if cli_runtime.device(ns) is not None:
         fields["device"] = cli_runtime.device(ns)
-    if ns.model:
+    if ns.hf_repo:
+        fields["model"] = cli_hf.model(ns.hf_repo, download=not ns.dump_config)
+    elif ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))
     fields.update(cli_template.template_fields(ns))

@@ -20,8 +20,8 @@ SPLIT = "one MLX device per replica: scale out with replicas instead (configs/au
 KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
 KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
             "longest common prefix")
-DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a cached Hugging Face "
-            "id)")
+DOWNLOAD = ("a URL is not fetched: -hf takes a Hugging Face repository (a GGUF one's quant, or "
+            "an mlx-community folder), -m a local folder or GGUF file")
 TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
        "load balancer")
 NO_UI = "mlxray serves the API only: no web UI, no static files"
@@ -38,7 +38,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
     Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
               "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
-    Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
     Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
     Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
     Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",

@@ -6,6 +6,10 @@ and steer the sampling until a request's own field overrides them."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +18,7 @@ import yaml
 from deployments import cli
 from tests.conftest import MODEL, REPO
 
+GGUF = REPO / "tests" / "fixtures" / "model.gguf"
 TEMPLATE_FILE = str(REPO / "models" / "tiny-python-tools.jinja")
 CARD_SAMPLING = {"top_k": 20, "top_p": 0.8, "min_p": 0.0}
 CHATML = "chatml"
@@ -256,3 +261,50 @@ def test_help_lists_the_new_options(capsys):
     for flag in ("--top-k", "--dry-sequence-breaker", "-ngl", "--flash-attn", "-ub",
                  "--chat-template-kwargs", "--log-file"):
         assert flag in out
+
+
+# ---- -hf from a pre-filled hub cache, offline ------------------------------------------------
+def fill_hub_cache(cache: Path) -> None:
+    """Two repositories as the hub cache holds them: an mlx-community folder, a GGUF one."""
+    def repo(name: str, files: dict[str, Path]) -> None:
+        root = cache / f"models--{name.replace('/', '--')}"
+        commit = "0" * 40
+        (root / "refs").mkdir(parents=True)
+        (root / "refs" / "main").write_text(commit)
+        snapshot = root / "snapshots" / commit
+        snapshot.mkdir(parents=True)
+        for file_name, source in files.items():
+            (snapshot / file_name).symlink_to(source)
+
+    repo("mlx-community/tiny-python", {p.name: p for p in Path(MODEL).iterdir() if p.is_file()})
+    repo("ggml-org/tiny-GGUF", {"tiny-Q8_0.gguf": GGUF, "tiny-Q4_K_M.gguf": GGUF,
+                                "mmproj-tiny-f16.gguf": GGUF})
+
+
+def test_hf_repo_from_the_hub_cache(tmp_path, monkeypatch, capsys):
+    """-hf names a cached repository: a GGUF one gives the quant's file (Q4_K_M by default,
+    case-insensitive), an mlx-community one its id, which mlx-lm then loads from the cache
+    with the hub unreachable (HF_HUB_OFFLINE=1); nothing cached and a quant asked: refused."""
+    cache = tmp_path / "hub"
+    fill_hub_cache(cache)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def model(spec: str) -> str:
+        return dump_config(f"-hf {spec} -c 64", capsys)["applications"][0]["args"]["model"]
+
+    assert Path(model("ggml-org/tiny-GGUF:q8_0")).name == "tiny-Q8_0.gguf"
+    assert Path(model("ggml-org/tiny-GGUF")).name == "tiny-Q4_K_M.gguf"
+    assert Path(model("ggml-org/tiny-GGUF")).is_file()
+    assert model("mlx-community/tiny-python") == "mlx-community/tiny-python"
+    with pytest.raises(ValueError, match="no GGUF file in ggml-org/absent in the local hub"):
+        cli.graph_args(cli.parse(["-hf", "ggml-org/absent:Q4_0"], {}))
+    with pytest.raises(ValueError, match="expected <user>/<model>"):
+        cli.graph_args(cli.parse(["-hf", "tiny"], {}))
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    loaded = subprocess.run(
+        [sys.executable, "-c", "from engine.model import load_model; "
+         "print(load_model('mlx-community/tiny-python', None, 'cpu').n_params)"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert int(loaded.stdout.split()[-1]) > 0
