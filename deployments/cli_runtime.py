@@ -126,7 +126,7 @@ def notes(ns: Any, honored: tuple) -> list[str]:
     out = []
     for opt in honored:
         value = getattr(ns, opt.dest, None)
-        if opt.dest in NOTES and value is not None:
+        if opt.dest in NOTES and value not in (None, False):
             shown = "" if opt.kind is None else f" {value}"
             out.append(f"{opt.flags[-1]}{shown}: {NOTES[opt.dest]}")
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from ray.serve.schema import ServeDeploySchema
 
 from deployments import cli
 from tests.conftest import MODEL, REPO
@@ -127,6 +128,7 @@ def test_invocation_builds_the_config(line, expected, capsys, tmp_path):
         assert "invalid dry-penalty-last-n = -1" in capsys.readouterr().err
         return
     config = dump_config(line, capsys, log)
+    ServeDeploySchema.model_validate(config)  # what the command then deploys
     args = config["applications"][0]["args"]
     assert {k: args.get(k) for k in expected["args"]} == expected["args"]
     for key in expected.get("absent", []):
