@@ -78,6 +78,10 @@ HONORED: tuple[Option, ...] = (
            help="<user>/<model>[:quant]: a Hugging Face repository as the model (a GGUF one: "
                 "the quant's file, Q4_K_M by default); from the hub cache with --dump-config "
                 "or HF_HUB_OFFLINE=1; wins over -m"),
+    Option(("-hff", "--hf-file"), "hf_file", "LLAMA_ARG_HF_FILE",
+           help="the file of the -hf repository to serve (instead of the quant's)"),
+    Option(("--offline",), "offline", "LLAMA_ARG_OFFLINE", None,
+           "-hf from the hub cache only: nothing is downloaded"),
     Option(("--host",), "host", "LLAMA_ARG_HOST", help="listen address (default 127.0.0.1)"),
     Option(("--port",), "port", "LLAMA_ARG_PORT", int, "listen port (default 8080)"),
     Option(("-np", "--parallel"), "parallel", "LLAMA_ARG_N_PARALLEL", int,
@@ -177,9 +181,10 @@ def _add(group: argparse._ArgumentGroup, opt: Option) -> None:
 
 # llama-server --help's groups: common, sampling, then the server's own ("example-specific")
 HELP_GROUPS = ("common", "sampling", "server")
-COMMON = {"model", "hf_repo", "ctx_size", "batch_size", "ubatch_size", "n_predict", "threads",
-          "threads_batch", "n_gpu_layers", "flash_attn", "device", "mlock", "mmap", "verbose",
-          "log_disable", "log_file", "log_colors", "lora", "lora_scaled", "context_shift"}
+COMMON = {"model", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size", "batch_size",
+          "ubatch_size", "n_predict", "threads", "threads_batch", "n_gpu_layers", "flash_attn",
+          "device", "mlock", "mmap", "verbose", "log_disable", "log_file", "log_colors", "lora",
+          "lora_scaled", "context_shift"}
 
 
 def help_group(dest: str) -> str:
@@ -294,7 +299,8 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     if cli_runtime.device(ns) is not None:
         fields["device"] = cli_runtime.device(ns)
     if ns.hf_repo:
-        fields["model"] = cli_hf.model(ns.hf_repo, download=not ns.dump_config)
+        fields["model"] = cli_hf.model(ns.hf_repo, not (ns.dump_config or ns.offline),
+                                       ns.hf_file)
     elif ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))

@@ -20,12 +20,15 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUTHY
 
 
-def model(spec: str, download: bool) -> str:
-    """The model -hf names: a GGUF file's local path, or the repository's id."""
+def model(spec: str, download: bool, file: str | None = None) -> str:
+    """The model -hf names: a GGUF file's local path (``file``, -hff, wins over the quant), or
+    the repository's id."""
     repo, _, quant = spec.partition(":")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ValueError(f"-hf {spec}: expected <user>/<model>[:quant]")
     download = download and not offline()
+    if file:
+        return _fetch(repo, file, download)
     ggufs = [f for f in _files(repo, download) if f.endswith(".gguf") and "mmproj" not in f]
     if not ggufs:
         if quant:

@@ -77,6 +77,9 @@ def options(option: type) -> tuple:
           negative=("--no-mmap",), only=False, reason=MMAP),
         o(("-v", "--verbose", "--log-verbose"), "verbose", None, None,
           "log everything: Ray Serve's and the command's log level DEBUG"),
+        o(("-lv", "--verbosity", "--log-verbosity"), "verbosity", "LLAMA_ARG_LOG_VERBOSITY", int,
+          "log threshold: 0-1 errors, 2 warnings, 3 info, 4-5 debug (Ray Serve's and the "
+          "command's log level)"),
         o(("--log-disable",), "log_disable", None, None,
           "log nothing but errors: Ray Serve's log level CRITICAL, no access log"),
         o(("--log-file",), "log_file", "LLAMA_ARG_LOG_FILE", str,
@@ -105,14 +108,23 @@ def http_options(ns: Any) -> dict[str, Any]:
     return {} if ns.timeout is None else {"request_timeout_s": ns.timeout}
 
 
+VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity")
+LEVELS = ("ERROR", "ERROR", "WARNING", "INFO", "DEBUG")  # llama.cpp's verbosity 0..4, 5+: DEBUG
+
+
 def logging_config(ns: Any) -> dict[str, Any]:
-    """Ray Serve's logging_config (every deployment and the proxy): -v DEBUG, --log-disable
-    CRITICAL without the access log; the last given wins, as the reference's."""
-    last = last_of(ns.argv, ("-v", "--verbose", "--log-verbose", "--log-disable"))
+    """Ray Serve's logging_config (every deployment and the proxy): -v DEBUG, -lv N its level,
+    --log-disable CRITICAL without the access log; the last given wins, as the reference's."""
+    last = last_of(ns.argv, ("-v", "--verbose", "--log-verbose", "--log-disable",
+                             *VERBOSITY_FLAGS))
+    if last is None and ns.verbosity is not None:
+        last = "-lv"  # from LLAMA_ARG_LOG_VERBOSITY
     if last is None:
         return {}
     if last == "--log-disable":
         return {"log_level": "CRITICAL", "enable_access_log": False}
+    if last in VERBOSITY_FLAGS:
+        return {"log_level": LEVELS[min(max(ns.verbosity, 0), len(LEVELS) - 1)]}
     return {"log_level": "DEBUG"}
 
 

@@ -85,6 +85,8 @@ INVOCATIONS = [
      {"args": {}, "logging": {"log_level": "DEBUG"}}),
     ("-m {m} -v --log-disable",
      {"args": {}, "logging": {"log_level": "CRITICAL", "enable_access_log": False}}),
+    ("-m {m} --log-disable -lv 2",
+     {"args": {}, "logging": {"log_level": "WARNING"}}),
     # a chat template by name, by text, by file (the last of the two wins), with kwargs
     ("-m {m} --jinja --chat-template chatml", {"args": {"chat_template": CHATML}}),
     ("-m {m} --chat-template {{{{messages[0].content}}}}",
@@ -298,9 +300,15 @@ def test_hf_repo_from_the_hub_cache(tmp_path, monkeypatch, capsys):
     assert Path(model("ggml-org/tiny-GGUF:q8_0")).name == "tiny-Q8_0.gguf"
     assert Path(model("ggml-org/tiny-GGUF")).name == "tiny-Q4_K_M.gguf"
     assert Path(model("ggml-org/tiny-GGUF")).is_file()
+    assert Path(model("ggml-org/tiny-GGUF:Q4_K_M -hff tiny-Q8_0.gguf")).name == "tiny-Q8_0.gguf"
     assert model("mlx-community/tiny-python") == "mlx-community/tiny-python"
     with pytest.raises(ValueError, match="no GGUF file in ggml-org/absent in the local hub"):
         cli.graph_args(cli.parse(["-hf", "ggml-org/absent:Q4_0"], {}))
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # --offline alone keeps the hub out of it
+    with pytest.raises(ValueError, match="no GGUF file in ggml-org/absent in the local hub"):
+        cli.graph_args(cli.parse(["-hf", "ggml-org/absent:Q4_0", "--offline"], {}))
+    assert cli.graph_args(cli.parse(["-hf", "ggml-org/tiny-GGUF", "--offline"], {})).model.endswith(
+        "tiny-Q4_K_M.gguf")
     with pytest.raises(ValueError, match="expected <user>/<model>"):
         cli.graph_args(cli.parse(["-hf", "tiny"], {}))
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
