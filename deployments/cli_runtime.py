@@ -81,7 +81,7 @@ def options(option: type) -> tuple:
           "log threshold: 0-1 errors, 2 warnings, 3 info, 4-5 debug (Ray Serve's and the "
           "command's log level)"),
         o(("--log-disable",), "log_disable", None, None,
-          "log nothing but errors: Ray Serve's log level CRITICAL, no access log"),
+          "log only critical failures: Ray Serve's log level CRITICAL, no access log"),
         o(("--log-file",), "log_file", "LLAMA_ARG_LOG_FILE", str,
           "the command's log lines go to this file too (replicas log in Ray's session folder)"),
         o(("--log-colors",), "log_colors", "LLAMA_ARG_LOG_COLORS", str,
