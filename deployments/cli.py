@@ -4,8 +4,10 @@
 ``serve run`` would take (``--dump-config`` prints it as YAML) and runs it. llama-server's flags
 and ``LLAMA_ARG_*`` environment variables keep their meaning; a flag mlxray does not honor is
 refused with a message naming it and saying why, never silently dropped (a switch it honors one
-way only, such as ``-cb``, is refused the other way). A flag overrides its variable. The compat
-manifest's ``option`` entries classify each (docs/llama-server-compat.md).
+way only, such as ``-cb``, is refused the other way). A flag that changes nothing here because MLX
+or Ray Serve already does what it asks (``-fa``, ``-t``, ``--mlock``, ...) is accepted and
+reported at start, saying why (deployments/cli_runtime.py). A flag overrides its variable. The
+compat manifest's ``option`` entries classify each (docs/llama-server-compat.md).
 """
 
 from __future__ import annotations
