@@ -19,8 +19,9 @@ from engine.vocab import Vocab, load_vocab
 from .adapters import AdapterTable
 from .chat import ChatTemplate
 from .config import GraphArgs
+from .defaults import server_defaults
 from .errors import ApiError, invalid
-from .schema import CompletionParams, ParseContext, f32
+from .schema import ParseContext
 
 PUBLIC_PATHS = {"/health", "/v1/health"}
 
@@ -34,8 +35,8 @@ class ModelEndpoint:
         self.replica = replica
         self.args = args
         self.vocab = vocab
-        self.defaults = CompletionParams(
-            temperature=f32(args.temperature), seed=args.seed, n_predict=args.n_predict,
+        self.defaults = server_defaults(
+            args.sampling, args.temperature, args.seed, args.n_predict,
             cache_prompt=args.cache_prompt, reasoning_format=args.reasoning_format,
             reasoning_budget_tokens=args.reasoning_budget_tokens,
         )
@@ -45,7 +46,7 @@ class ModelEndpoint:
             n_vocab=vocab.n_vocab,
             eog_ids=tuple(sorted(vocab.eog_ids)),
         )
-        self.chat = ChatTemplate(vocab.hf, args.chat_template())
+        self.chat = ChatTemplate(vocab.hf, args.template_source(), args.chat_template_kwargs)
         self.adapters = AdapterTable(args)
         self.special_token = lambda text: _special_token(vocab, text)
         self._ready = False

@@ -22,8 +22,10 @@ _OBJECT_ARGUMENTS = re.compile(r"arguments['\"]?\]?\s*(\|\s*tojson|\|\s*items|\.
 
 
 class ChatTemplate:
-    def __init__(self, hf_tokenizer: Any, source: str | None = None):
+    def __init__(self, hf_tokenizer: Any, source: str | None = None,
+                 kwargs: dict[str, Any] | None = None):
         self.hf = hf_tokenizer
+        self.kwargs = dict(kwargs or {})  # the server's chat_template_kwargs, under a request's
         self.source: str = source or getattr(hf_tokenizer, "chat_template", None) or CHATML
         self.format = detect_format(self.source)  # its tool-call format (deployments/tools)
         self.thinks = "<think>" in self.source  # it renders <think> reasoning

@@ -4,14 +4,17 @@
 ``serve run`` would take (``--dump-config`` prints it as YAML) and runs it. llama-server's flags
 and ``LLAMA_ARG_*`` environment variables keep their meaning; a flag mlxray does not honor is
 refused with a message naming it and saying why, never silently dropped (a switch it honors one
-way only, such as ``-cb``, is refused the other way). A flag overrides its variable. The compat
-manifest's ``option`` entries classify each (docs/llama-server-compat.md).
+way only, such as ``-cb``, is refused the other way). A flag that changes nothing here because MLX
+or Ray Serve already does what it asks (``-fa``, ``-t``, ``--mlock``, ...) is accepted and
+reported at start, saying why (deployments/cli_runtime.py). A flag overrides its variable. The
+compat manifest's ``option`` entries classify each (docs/llama-server-compat.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,7 +27,8 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_lora
+from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_template
+from .cli_refused import REFUSED, SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .launch import run
 from .schema import REASONING_FORMATS
@@ -50,6 +54,7 @@ class Option:
     reason: str = ""
     # the reference's refusal of a value it parses (its message), None for a value it takes
     check: Callable[[Any], str | None] | None = None
+    repeat: bool = False  # repeatable: each use extends the list ``kind`` makes of its value
 
     def spellings(self, value: bool) -> tuple[str, ...]:
         return self.flags if value else self.negative
@@ -71,6 +76,14 @@ def _bool_env(value: str) -> bool:
 HONORED: tuple[Option, ...] = (
     Option(("-m", "--model"), "model", "LLAMA_ARG_MODEL",
            help="model folder (MLX / HF layout) or GGUF file"),
+    Option(("-hf", "-hfr", "--hf-repo"), "hf_repo", "LLAMA_ARG_HF_REPO",
+           help="<user>/<model>[:quant]: a Hugging Face repository as the model (a GGUF one: "
+                "the quant's file, Q4_K_M by default); from the hub cache with --dump-config "
+                "or HF_HUB_OFFLINE=1; wins over -m"),
+    Option(("-hff", "--hf-file"), "hf_file", "LLAMA_ARG_HF_FILE",
+           help="the file of the -hf repository to serve (instead of the quant's)"),
+    Option(("--offline",), "offline", "LLAMA_ARG_OFFLINE", None,
+           "-hf from the hub cache only: nothing is downloaded"),
     Option(("--host",), "host", "LLAMA_ARG_HOST", help="listen address (default 127.0.0.1)"),
     Option(("--port",), "port", "LLAMA_ARG_PORT", int, "listen port (default 8080)"),
     Option(("-np", "--parallel"), "parallel", "LLAMA_ARG_N_PARALLEL", int,
@@ -90,7 +103,8 @@ HONORED: tuple[Option, ...] = (
     Option(("--slots",), "slots", "LLAMA_ARG_ENDPOINT_SLOTS", None, "serve /slots (default)",
            negative=("--no-slots",)),
     Option(("--props",), "props", "LLAMA_ARG_ENDPOINT_PROPS", None, "allow POST /props"),
-    Option(("--temp",), "temp", None, float, "default temperature (0.8)"),
+    Option(("--temp", "--temperature"), "temp", None, float,
+           "default temperature (0.8; <= 0: greedy)"),
     Option(("-s", "--seed"), "seed", None, int, "default seed (-1: random)"),
     Option(("--cache-prompt",), "cache_prompt", "LLAMA_ARG_CACHE_PROMPT", None,
            "default of cache_prompt (on)", negative=("--no-cache-prompt",)),
@@ -123,95 +137,12 @@ HONORED: tuple[Option, ...] = (
            "the web page at / (chat and the graph's status; default on)",
            negative=("--no-webui",)),
     *cli_lora.options(Option),
+    *cli_template.options(Option),
+    *cli_sampling.options(Option),
+    *cli_runtime.options(Option),
+    *cli_rope.options(Option),
 )
 
-
-@dataclass(frozen=True)
-class Unhonored:
-    """A llama-server option mlxray refuses: every spelling of it, its environment variable and
-    why, printed with the refusal (docs/llama-server-compat.md classifies each)."""
-
-    flags: tuple[str, ...]
-    env: str | None
-    reason: str
-
-
-SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
-THREADS = "MLX schedules its own compute threads"
-KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
-KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
-            "longest common prefix")
-LOADING = "mlx-lm loads the weights itself: there is no mmap or mlock switch"
-TEMPLATE = "the chat template is the model folder's own (tokenizer_config.json): put yours there"
-DOWNLOAD = ("nothing is downloaded at run time: -m takes a local folder (or a cached Hugging Face "
-            "id)")
-TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
-       "load balancer")
-NO_UI = "mlxray serves the API only: no web UI, no static files"
-ROPE = "RoPE settings come from the model folder's config.json"
-ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
-          "time")
-SAMPLING = "sampling defaults other than --temp and --seed are not taken: send them per request"
-LOGS = "logs are Ray's (the session's log folder, RAY_SERVE_* logging settings)"
-
-REFUSED: tuple[Unhonored, ...] = (
-    Unhonored(("--chat-template",), "LLAMA_ARG_CHAT_TEMPLATE", TEMPLATE),
-    Unhonored(("--chat-template-file",), "LLAMA_ARG_CHAT_TEMPLATE_FILE", TEMPLATE),
-    Unhonored(("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH",
-              "MLX has no separate physical batch: -b sets the prefill chunk"),
-    Unhonored(("-t", "--threads"), "LLAMA_ARG_THREADS", THREADS),
-    Unhonored(("-tb", "--threads-batch"), "LLAMA_ARG_THREADS_BATCH", THREADS),
-    Unhonored(("--threads-http",), "LLAMA_ARG_THREADS_HTTP",
-              "Ray Serve's HTTP proxy serves requests asynchronously, without a thread pool"),
-    Unhonored(("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS",
-              "MLX keeps the whole model in unified memory: there are no layers to offload"),
-    Unhonored(("-fa", "--flash-attn"), "LLAMA_ARG_FLASH_ATTN",
-              "MLX chooses its own attention kernel"),
-    Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
-    Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
-    Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
-              "each slot owns its KV cache: there is no shared KV buffer"),
-    Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
-    Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
-              "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
-    Unhonored(("-to", "--timeout"), "LLAMA_ARG_TIMEOUT",
-              "the request time limit is Ray Serve's http_options.request_timeout_s"),
-    Unhonored(("--mlock",), "LLAMA_ARG_MLOCK", LOADING),
-    Unhonored(("--no-mmap", "--mmap"), "LLAMA_ARG_MMAP", LOADING),
-    Unhonored(("-hf", "-hfr", "--hf-repo"), "LLAMA_ARG_HF_REPO", DOWNLOAD),
-    Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
-    Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
-    Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
-              "mlxray has no speculative decoding"),
-    Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
-              "reranking is not supported by mlxray (it serves no reranking models)"),
-    Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
-    Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
-    Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
-    Unhonored(("--rope-scaling",), "LLAMA_ARG_ROPE_SCALING_TYPE", ROPE),
-    Unhonored(("--rope-freq-base",), "LLAMA_ARG_ROPE_FREQ_BASE", ROPE),
-    Unhonored(("--rope-freq-scale",), "LLAMA_ARG_ROPE_FREQ_SCALE", ROPE),
-    Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
-    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
-    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
-    Unhonored(("--numa",), "LLAMA_ARG_NUMA", "MLX places its memory itself"),
-    Unhonored(("--slot-prompt-similarity", "-sps"), None,
-              "every slot shares the prefix cache: a request reuses the longest cached prefix "
-              "whatever slot it gets"),
-    Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
-    Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
-    Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
-    Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
-              ROUTER),
-    Unhonored(("--top-k",), None, SAMPLING),
-    Unhonored(("--top-p",), None, SAMPLING),
-    Unhonored(("--min-p",), None, SAMPLING),
-    Unhonored(("--repeat-penalty",), None, SAMPLING),
-    Unhonored(("--samplers",), None, SAMPLING),
-    Unhonored(("-v", "--verbose", "--log-verbose"), None, LOGS),
-    Unhonored(("--log-disable",), None, LOGS),
-    Unhonored(("--log-file",), None, LOGS),
-)
 
 DEFAULTS = {"host": "127.0.0.1", "port": 8080, "parallel": -1, "ctx_size": 0,
             "batch_size": 2048, "n_predict": -1, "temp": 0.8, "seed": -1}
@@ -226,22 +157,44 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlxray", allow_abbrev=False,
         description="llama-server's HTTP API for MLX models, on Ray Serve.",
-        epilog="llama-server flags not listed here are refused, naming them.")
+        epilog="llama-server flags not listed here are refused, naming them. An option whose "
+               "help says 'accepted' changes nothing here and is reported at start, saying why.")
+    groups = {name: p.add_argument_group(f"----- {name} params -----") for name in HELP_GROUPS}
     for opt in HONORED:
-        help_text = opt.help + (f" [env {opt.env}]" if opt.env else "")
-        if opt.kind is None:  # a switch: its honored spellings shown, the others parsed quietly
-            shown = opt.only is not False
-            p.add_argument(*opt.flags, dest=opt.dest, action="store_const", const=True,
-                           default=None, help=help_text if shown else argparse.SUPPRESS)
-            if opt.negative:
-                p.add_argument(*opt.negative, dest=opt.dest, action="store_const",
-                               const=False, help=argparse.SUPPRESS if shown else help_text)
-        else:
-            p.add_argument(*opt.flags, dest=opt.dest, type=opt.kind, default=None,
-                           help=help_text)
+        _add(groups[help_group(opt.dest)], opt)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
     return p
+
+
+def _add(group: argparse._ArgumentGroup, opt: Option) -> None:
+    help_text = opt.help + (f" [env {opt.env}]" if opt.env else "")
+    if opt.kind is None:  # a switch: its honored spellings shown, the others parsed quietly
+        shown = opt.only is not False
+        group.add_argument(*opt.flags, dest=opt.dest, action="store_const", const=True,
+                           default=None, help=help_text if shown else argparse.SUPPRESS)
+        if opt.negative:
+            group.add_argument(*opt.negative, dest=opt.dest, action="store_const",
+                               const=False, help=argparse.SUPPRESS if shown else help_text)
+    else:
+        group.add_argument(*opt.flags, dest=opt.dest, type=opt.kind, default=None,
+                           action="extend" if opt.repeat else "store", help=help_text)
+
+
+# llama-server --help's groups: common, sampling, then the server's own ("example-specific")
+HELP_GROUPS = ("common", "sampling", "server")
+COMMON = {"model", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size", "batch_size",
+          "ubatch_size", "n_predict", "threads", "threads_batch", "n_gpu_layers", "flash_attn",
+          "device", "mlock", "mmap", "verbose", "log_disable", "log_file", "log_colors", "lora",
+          "lora_scaled", "context_shift"}
+
+
+def help_group(dest: str) -> str:
+    if dest in COMMON:
+        return "common"
+    if dest in cli_sampling.FIELDS or dest in ("temp", "seed", "samplers", "sampler_seq"):
+        return "sampling"
+    return "server"
 
 
 REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}
@@ -329,7 +282,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     """The application's args. llama-server's -c is the whole context, split across -np slots;
     GraphArgs.n_ctx is one slot's."""
     parallel = AUTO_PARALLEL if ns.parallel == -1 else ns.parallel
-    fields: dict[str, Any] = {"n_parallel": parallel, "n_batch": ns.batch_size,
+    fields: dict[str, Any] = {"n_parallel": parallel, "n_batch": cli_runtime.prefill_chunk(ns),
                               "n_predict": ns.n_predict, "temperature": ns.temp,
                               "seed": SEED_RANDOM if ns.seed == -1 else ns.seed,
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
@@ -345,12 +298,22 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
         fields["reasoning_format"] = ns.reasoning_format
     if ns.reasoning_budget is not None:
         fields["reasoning_budget_tokens"] = ns.reasoning_budget
-    if ns.device is not None:
-        fields["device"] = ns.device
-    if ns.model:
+    if cli_runtime.device(ns) is not None:
+        fields["device"] = cli_runtime.device(ns)
+    if ns.hf_repo:
+        fields["model"] = cli_hf.model(ns.hf_repo, not (ns.dump_config or ns.offline),
+                                       ns.hf_file)
+    elif ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))
+    fields.update(cli_template.template_fields(ns))
+    sampling = cli_sampling.sampling_fields(ns, ns.argv)
+    if sampling:
+        fields["sampling"] = sampling
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})
+    overrides = cli_rope.model_config(ns, probe.model_path)
+    if overrides:
+        fields["config_overrides"] = overrides
     total = ns.ctx_size or model_context(probe.model_path)
     if total and parallel >= 1:
         if total // parallel < 8:
@@ -394,9 +357,11 @@ def serve_config(ns: argparse.Namespace) -> dict:
     sizes = {"model": graph.model, "n_parallel": graph.n_parallel, "n_ctx": graph.n_ctx,
              "n_batch": graph.n_batch}
     args = {**sizes, **graph.model_dump(exclude_defaults=True)}
+    logging = cli_runtime.logging_config(ns)
     return {
         "proxy_location": "HeadOnly",
-        "http_options": {"host": ns.host, "port": ns.port},
+        "http_options": {"host": ns.host, "port": ns.port, **cli_runtime.http_options(ns)},
+        **({"logging_config": logging} if logging else {}),
         "applications": [{
             "name": APP_NAME,
             "route_prefix": route_prefix(ns),
@@ -421,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = serve_config(ns)
     except (Refused, ValueError) as exc:
         parser().exit(2, f"mlxray: error: {exc}\n")
+    cli_runtime.configure_logging(ns)
+    for note in cli_runtime.notes(ns, HONORED):
+        logging.getLogger("mlxray").warning("accepted %s", note)
     if ns.dump_config:
         yaml.safe_dump(config, sys.stdout, sort_keys=False)
         return

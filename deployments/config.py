@@ -21,6 +21,8 @@ from engine.device_choice import DEVICE_PATTERN
 from engine.gguf import is_gguf
 from engine.types import Gather
 
+from .chat import CHATML
+from .defaults import check_sampling
 from .schema import INT32_MAX, REASONING_FORMATS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -51,12 +53,27 @@ class GraphArgs(BaseModel):
         None, description="a Jinja chat template file used instead of the model's own "
                           "(llama-server --chat-template-file); relative to the working "
                           "directory or the repository")
+    config_overrides: dict[str, Any] = Field(
+        {}, description="keys laid over the model folder's config.json when it loads "
+                        "(mlx_lm.load's model_config): rope_theta, rope_scaling, ... "
+                        "(llama-server --rope-*, --yarn-*); not for a GGUF file")
+    chat_template: str | None = Field(
+        None, description="a Jinja chat template's text used instead of the model's own "
+                          "(llama-server --chat-template; the name chatml is ChatML)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        {}, description="default variables of the chat template, under a request's own "
+                        "chat_template_kwargs (llama-server --chat-template-kwargs)")
     n_parallel: int = Field(4, ge=1, le=256, description="slots (llama-server -np)")
     n_ctx: int = Field(2048, ge=8, description="context tokens per slot")
     n_batch: int = Field(512, ge=1, description="prefill chunk in tokens (llama-server -b)")
     n_predict: int = Field(-1, ge=-1, description="default token limit (llama-server -n)")
     temperature: float = Field(0.8, description="default temperature (--temp; <= 0: greedy)")
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
+    sampling: dict[str, Any] = Field(
+        {}, description="defaults of a request's other sampling fields, by the field's name "
+                        "(top_k, top_p, min_p, typical_p, repeat_penalty, dry_multiplier, "
+                        "samplers, ignore_eos, ...: llama-server --top-k, --top-p, ...); a "
+                        "request's own field overrides its default")
     cache_prompt: bool = Field(True, description="default of cache_prompt")
     reasoning_format: str = Field(
         "deepseek", description="default of a request's reasoning_format (--reasoning-format): "
@@ -121,6 +138,11 @@ class GraphArgs(BaseModel):
             raise ValueError(f"Unknown reasoning format: {name}")
         return name
 
+    @field_validator("sampling")
+    @classmethod
+    def _known_sampling(cls, sampling: dict[str, Any]) -> dict[str, Any]:
+        return check_sampling(sampling)
+
     @model_validator(mode="after")
     def _check(self) -> GraphArgs:
         looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
@@ -128,7 +150,10 @@ class GraphArgs(BaseModel):
             raise ValueError(f"GGUF file not found: {self.model}")
         if looks_local and not is_gguf(self.model) and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")
-        if self.chat_template_file is not None and self.chat_template() is None:
+        if self.config_overrides and is_gguf(self.model):
+            raise ValueError("config_overrides (--rope-*, --yarn-*) applies to a model folder's "
+                             "config.json, not to a GGUF file")
+        if self.chat_template_file is not None and self.template_file_text() is None:
             raise ValueError(f"chat template file not found: {self.chat_template_file}")
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ValueError(f"lora_dir folder not found: {self.lora_dir}")
@@ -204,7 +229,14 @@ class GraphArgs(BaseModel):
                 return str(candidate.resolve())
         return self.model
 
-    def chat_template(self) -> str | None:
+    def template_source(self) -> str | None:
+        """The chat template set here: ``chat_template``'s text (``chatml``: ChatML), else the
+        text of ``chat_template_file``; None for the model's own."""
+        if self.chat_template is not None:
+            return CHATML if self.chat_template == "chatml" else self.chat_template
+        return self.template_file_text()
+
+    def template_file_text(self) -> str | None:
         """The text of ``chat_template_file`` (None when it names no file)."""
         if self.chat_template_file is None:
             return None

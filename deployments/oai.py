@@ -55,7 +55,7 @@ def chat_body(body: dict, model) -> tuple[dict, ChatSyntax]:
     native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
     request = read_tools(body)
     check_fields(body, request)
-    extra = template_kwargs(body)
+    extra = template_kwargs(body, model.chat.kwargs)
     prompt, tail = chat_prompt(body, model.chat, request.tools, extra)
     native["prompt"] = prompt
     logprobs = body.get("logprobs")
@@ -119,7 +119,7 @@ def chat_prompt(body: dict, chat, tools: list[dict] | None = None,
         raise invalid("Field 'add_generation_prompt': [json.exception.type_error.302] type must "
                       f"be boolean, but is {json_type(add_generation_prompt)}")
     if extra is None:
-        extra = template_kwargs(body)
+        extra = template_kwargs(body, chat.kwargs)
     if messages and messages[-1]["role"] == "assistant" and add_generation_prompt:
         if len(messages) > 1 and messages[-2]["role"] == "assistant":
             raise invalid("Cannot have 2 or more assistant messages at the end of the list.")

@@ -133,7 +133,8 @@ class ModelReplica:
 
     def _load(self) -> None:
         try:
-            loaded = load_model(self.args.model_path, self.args.adapter, self.args.device)
+            loaded = load_model(self.args.model_path, self.args.adapter, self.args.device,
+                                self.args.config_overrides)
             engine = Engine(loaded, EngineConfig(
                 n_parallel=self.args.n_parallel, n_ctx=self.args.n_ctx,
                 n_batch=self.args.n_batch, cache_entries=self.args.cache_entries,

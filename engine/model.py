@@ -27,10 +27,12 @@ class LoadedModel:
     device: mx.Device | None = None  # where it was loaded: the engine decodes there
 
 
-def load_model(path: str, adapter: str | None = None, device: str = "auto") -> LoadedModel:
+def load_model(path: str, adapter: str | None = None, device: str = "auto",
+               config_overrides: dict | None = None) -> LoadedModel:
     """A GGUF file (engine/gguf), else mlx_lm.load: a local folder, or a Hugging Face id when
     the hub is reachable; ``adapter``: a DoRA or full fine-tune folder fused into the weights
-    (engine/lora.py); ``device``: where it runs (engine/device_choice.py)."""
+    (engine/lora.py); ``device``: where it runs (engine/device_choice.py); ``config_overrides``:
+    keys laid over the folder's config.json (RoPE settings: deployments/cli_rope.py)."""
     from .gguf import is_gguf, load_gguf
 
     if is_gguf(path):
@@ -42,7 +44,8 @@ def load_model(path: str, adapter: str | None = None, device: str = "auto") -> L
     from mlx_lm.utils import get_total_parameters
 
     loaded_on = choose_device(device)
-    model, wrapper, config = load(path, return_config=True)
+    model, wrapper, config = load(path, model_config=config_overrides or None,
+                                  return_config=True)
     if adapter is not None:
         _fuse(model, adapter)
     hf = getattr(wrapper, "_tokenizer", wrapper)

@@ -63,10 +63,10 @@ def test_environment_variables_and_flag_precedence():
 
 
 @pytest.mark.parametrize("argv,environ,named", [
-    (["-ngl", "99"], {}, "-ngl"),
-    (["-t", "4", "--mmproj", "a.gguf"], {}, "-t, --mmproj"),
-    (["--chat-template=chatml"], {}, "--chat-template"),
-    ([], {"LLAMA_ARG_N_GPU_LAYERS": "99"}, "LLAMA_ARG_N_GPU_LAYERS"),
+    (["-ctk", "q8_0"], {}, "-ctk"),
+    (["-sm", "row", "--mmproj", "a.gguf"], {}, "-sm, --mmproj"),
+    (["--yarn-ext-factor=1"], {}, "--yarn-ext-factor"),
+    ([], {"LLAMA_ARG_CACHE_TYPE_K": "q8_0"}, "LLAMA_ARG_CACHE_TYPE_K"),
 ])
 def test_unhonored_options_are_refused_by_name(argv, environ, named):
     with pytest.raises(cli.Refused, match=f"does not honor these llama-server options: {named}"):
@@ -75,13 +75,13 @@ def test_unhonored_options_are_refused_by_name(argv, environ, named):
 
 def test_refusals_give_each_option_its_reason():
     with pytest.raises(cli.Refused) as refused:
-        cli.parse(["-ngl", "99", "--models-dir", "/m"], {"LLAMA_ARG_THREADS": "4"})
+        cli.parse(["-sm", "row", "--models-dir", "/m"], {"LLAMA_ARG_NUMA": "distribute"})
     lines = str(refused.value).splitlines()
     assert lines[1:] == [
-        "  -ngl: MLX keeps the whole model in unified memory: there are no layers to offload",
+        f"  -sm: {cli.SPLIT}",
         "  --models-dir: several models are a config's `models` list (configs/multi-model.yaml), "
         "set at deploy time",
-        "  LLAMA_ARG_THREADS: MLX schedules its own compute threads"]
+        "  LLAMA_ARG_NUMA: MLX places its memory itself"]
 
 
 @pytest.mark.parametrize("accepted,refused,env,env_refused", [

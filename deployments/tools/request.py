@@ -91,13 +91,13 @@ def _tool_choice(value: Any, declared: list[dict]) -> tuple[str, str]:
     return "auto", ""  # other types: json_value's default, as the reference
 
 
-def template_kwargs(body: dict) -> dict:
-    """The template's extra variables: chat_template_kwargs, enable_thinking (always passed),
-    reasoning_effort."""
+def template_kwargs(body: dict, defaults: dict | None = None) -> dict:
+    """The template's extra variables: chat_template_kwargs over the server's (``defaults``,
+    --chat-template-kwargs), enable_thinking (always passed), reasoning_effort."""
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise invalid("\"chat_template_kwargs\" must be an object")
-    extra = dict(extra)
+    extra = {**(defaults or {}), **extra}
     thinking = extra.get("enable_thinking", True)
     if not isinstance(thinking, bool):
         raise invalid("invalid type for \"enable_thinking\" (expected boolean, got "

@@ -1,0 +1,64 @@
+"""The llama-server options mlxray refuses, each spelling and variable with the reason printed
+with the refusal (docs/llama-server-compat.md classifies each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Unhonored:
+    """A llama-server option mlxray refuses: every spelling of it, its environment variable and
+    why, printed with the refusal (docs/llama-server-compat.md classifies each)."""
+
+    flags: tuple[str, ...]
+    env: str | None
+    reason: str
+
+
+SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
+KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
+KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
+            "longest common prefix")
+DOWNLOAD = ("a URL is not fetched: -hf takes a Hugging Face repository (a GGUF one's quant, or "
+            "an mlx-community folder), -m a local folder or GGUF file")
+TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
+       "load balancer")
+NO_UI = "mlxray serves the API only: no web UI, no static files"
+YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
+        "the model's config.json instead")
+ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
+          "time")
+
+REFUSED: tuple[Unhonored, ...] = (
+    Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
+    Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
+    Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
+              "each slot owns its KV cache: there is no shared KV buffer"),
+    Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
+    Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
+              "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
+    Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
+    Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
+    Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
+              "mlxray has no speculative decoding"),
+    Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
+              "reranking is not supported by mlxray (it serves no reranking models)"),
+    Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
+    Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
+    Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
+    Unhonored(("--yarn-ext-factor",), "LLAMA_ARG_YARN_EXT_FACTOR", YARN),
+    Unhonored(("--yarn-attn-factor",), "LLAMA_ARG_YARN_ATTN_FACTOR", YARN),
+    Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
+    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
+    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
+    Unhonored(("--numa",), "LLAMA_ARG_NUMA", "MLX places its memory itself"),
+    Unhonored(("--slot-prompt-similarity", "-sps"), None,
+              "every slot shares the prefix cache: a request reuses the longest cached prefix "
+              "whatever slot it gets"),
+    Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
+    Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
+    Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
+    Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
+              ROUTER),
+)
