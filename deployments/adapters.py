@@ -28,7 +28,8 @@ from engine.adapter_folder import AdapterError, adapter_kind
 
 from .config import GraphArgs
 from .errors import invalid
-from .schema import CompletionParams, f32, to_float, to_int
+from .json_values import f32, to_float, to_int
+from .schema import CompletionParams
 
 
 @dataclass

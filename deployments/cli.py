@@ -30,8 +30,8 @@ from engine.gguf import is_gguf
 from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_template
 from .cli_refused import REFUSED, SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
+from .field_parsers import REASONING_FORMATS
 from .launch import run
-from .schema import REASONING_FORMATS
 
 SEED_RANDOM = 0xFFFFFFFF
 APP_NAME = "mlxray"

@@ -23,7 +23,8 @@ from engine.types import Gather
 
 from .chat import CHATML
 from .defaults import check_sampling
-from .schema import INT32_MAX, REASONING_FORMATS
+from .field_parsers import REASONING_FORMATS
+from .json_values import INT32_MAX
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")

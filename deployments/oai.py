@@ -11,7 +11,7 @@ import string
 from typing import Any
 
 from .errors import invalid
-from .schema import json_type, to_int
+from .json_values import json_type, to_int
 from .tools.messages import template_message
 from .tools.request import (
     chat_syntax,

@@ -17,7 +17,7 @@ from engine.types import EngineError
 from ..app import from_engine, json_response, read_object
 from ..base import IngressBase, ModelEndpoint
 from ..errors import ApiError, invalid
-from ..schema import to_int
+from ..json_values import to_int
 
 DISABLED = "This server does not support embeddings. Start it with `--embeddings`"
 

@@ -18,7 +18,8 @@ from engine.types import EngineError
 from ..app import JSON, from_engine, json_response, read_json, read_object
 from ..base import IngressBase, ModelEndpoint
 from ..errors import ApiError, RequestError, invalid
-from ..schema import CompletionParams, json_type, parse_completion, split_prompts
+from ..json_values import json_type
+from ..schema import CompletionParams, parse_completion, split_prompts
 from ..shapes import OaiContext
 from ..streams import close, coalesce, concat_bytes
 

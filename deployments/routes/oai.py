@@ -13,8 +13,9 @@ from ..app import JSON, json_response, read_json, read_object
 from ..base import IngressBase, ModelEndpoint
 from ..config import BUILD_INFO
 from ..errors import invalid
+from ..json_values import json_type
 from ..oai import chat_body, chat_prompt, completion_body, completion_id
-from ..schema import CompletionParams, json_type
+from ..schema import CompletionParams
 from ..shapes import OaiContext
 from ..tools.request import read_tools
 from ..tools.syntax import ChatSyntax

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ApiError, invalid
-from ..schema import json_type
+from ..json_values import json_type
 from .grammars import SpecialToken, tool_constraint
 from .syntax import CONTENT, DEEPSEEK_R1, GPT_OSS, ChatSyntax
 
