@@ -27,8 +27,8 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_template
-from .cli_refused import REFUSED, SPLIT, Unhonored  # noqa: F401 - the command's table
+from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template
+from .cli_refused import REFUSED, TENSOR_SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .field_parsers import REASONING_FORMATS
 from .launch import run
@@ -141,6 +141,7 @@ HONORED: tuple[Option, ...] = (
     *cli_sampling.options(Option),
     *cli_runtime.options(Option),
     *cli_rope.options(Option),
+    *cli_shards.options(Option),
 )
 
 
@@ -162,6 +163,7 @@ def parser() -> argparse.ArgumentParser:
     groups = {name: p.add_argument_group(f"----- {name} params -----") for name in HELP_GROUPS}
     for opt in HONORED:
         _add(groups[help_group(opt.dest)], opt)
+    cli_shards.add_arguments(p)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
     return p
@@ -306,6 +308,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     elif ns.model:
         fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
     fields.update(cli_lora.lora_fields(ns, ns.argv))
+    fields.update(cli_shards.shard_fields(ns))
     fields.update(cli_template.template_fields(ns))
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:

@@ -16,7 +16,10 @@ class Unhonored:
     reason: str
 
 
-SPLIT = "one MLX device per replica: scale out with replicas instead (configs/autoscale.yaml)"
+TENSOR_SPLIT = ("the ranks of a sharded model get even parts (mlx-lm's split): --shards N sets how "
+                "many, --shard-mode (or -sm layer|row) how")
+MAIN_GPU = ("rank 0 of a sharded model runs in the model replica, on its device; Ray places the "
+            "other ranks")
 KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
 KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
             "longest common prefix")
@@ -49,9 +52,8 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
     Unhonored(("--yarn-ext-factor",), "LLAMA_ARG_YARN_EXT_FACTOR", YARN),
     Unhonored(("--yarn-attn-factor",), "LLAMA_ARG_YARN_ATTN_FACTOR", YARN),
-    Unhonored(("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE", SPLIT),
-    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", SPLIT),
-    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", SPLIT),
+    Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", TENSOR_SPLIT),
+    Unhonored(("-mg", "--main-gpu"), "LLAMA_ARG_MAIN_GPU", MAIN_GPU),
     Unhonored(("--numa",), "LLAMA_ARG_NUMA", "MLX places its memory itself"),
     Unhonored(("--slot-prompt-similarity", "-sps"), None,
               "every slot shares the prefix cache: a request reuses the longest cached prefix "

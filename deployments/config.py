@@ -127,6 +127,13 @@ class GraphArgs(BaseModel):
     adapter: str | None = Field(
         None, description="a DoRA or full fine-tune folder fused into the weights (an `adapters` "
                           "entry of those kinds becomes such a model)")
+    shards: int = Field(1, ge=1, le=64,
+                        description="ranks one model replica is split over (Ray actors placed by "
+                                    "a placement group, MLX's ring backend between them): 1 is "
+                                    "one process holding the whole model")
+    shard_mode: Literal["pipeline", "tensor"] = Field(
+        "pipeline", description="how a sharded model is split: pipeline (whole layers per rank, "
+                                "llama-server -sm layer) or tensor (every layer's heads, -sm row)")
     models: tuple[dict[str, Any], ...] = Field(
         (), description="several models in one application: each entry sets one model's keys "
                         "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "
@@ -160,7 +167,21 @@ class GraphArgs(BaseModel):
             raise ValueError(f"lora_dir folder not found: {self.lora_dir}")
         self.adapter_specs()
         self.model_configs()
+        self._check_shards()
         return self
+
+    def _check_shards(self) -> None:
+        """What a sharded replica cannot do: its ranks take decisions in lockstep only from the
+        request stream (engine/lockstep.py)."""
+        if self.shards == 1:
+            return
+        if is_gguf(self.model):
+            raise ValueError("shards: a GGUF file cannot be loaded sharded (use a model folder)")
+        if self.adapters or self.adapter or self.lora_dir:
+            raise ValueError("shards: adapters are not supported on a sharded replica")
+        if self.config_overrides:
+            raise ValueError("shards: config_overrides (--rope-*, --yarn-*) are not supported "
+                             "on a sharded replica")
 
     def adapter_specs(self) -> tuple[AdapterSpec, ...]:
         """The ``adapters`` entries, each with its name, path, scale and kind."""

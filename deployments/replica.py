@@ -18,7 +18,7 @@ from ray import serve
 
 from engine import aio, device_choice, embed, slot_store
 from engine.model import LoadedModel, load_model
-from engine.scheduler import Engine, EngineConfig
+from engine.scheduler import Engine
 from engine.types import (
     UNLIMITED_BUDGET,
     EngineError,
@@ -32,6 +32,7 @@ from engine.types import (
 from .config import GraphArgs
 from .replica_adapters import AdapterError, ReplicaAdapters
 from .schema import CompletionParams
+from .shards import Shards, engine_config, start_leader
 from .status import engine_snapshot, start_reporting
 
 log = logging.getLogger("mlxray.replica")
@@ -124,6 +125,7 @@ class ModelReplica:
         self.loaded: LoadedModel | None = None
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
+        self.shards: Shards | None = None  # the other ranks of a sharded replica
         self.adapters = ReplicaAdapters(args)
         self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
         self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
@@ -133,13 +135,12 @@ class ModelReplica:
 
     def _load(self) -> None:
         try:
-            loaded = load_model(self.args.model_path, self.args.adapter, self.args.device,
-                                self.args.config_overrides)
-            engine = Engine(loaded, EngineConfig(
-                n_parallel=self.args.n_parallel, n_ctx=self.args.n_ctx,
-                n_batch=self.args.n_batch, cache_entries=self.args.cache_entries,
-                max_queue=self.args.max_queue,
-            ))
+            if self.args.shards > 1:
+                loaded, engine, self.shards = start_leader(self.args)
+            else:
+                loaded = load_model(self.args.model_path, self.args.adapter, self.args.device,
+                                    self.args.config_overrides)
+                engine = Engine(loaded, engine_config(self.args))
             engine.start()
             self.adapters.load_startup(engine)
             self.loaded, self.engine = loaded, engine
@@ -147,11 +148,19 @@ class ModelReplica:
             log.exception("model load failed")
             self.load_error = exc
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
         if self.load_error is not None:
             raise RuntimeError(f"model load failed: {self.load_error}")
         if self.engine is not None and not self.engine.alive:
             raise RuntimeError(f"engine loop died: {self.engine.error}")
+        if self.shards is not None:
+            await self.shards.check()
+
+    def _unsharded(self, what: str) -> None:
+        """Work that would run on rank 0 alone, out of the ranks' lockstep (engine/lockstep.py)."""
+        if self.args.shards > 1:
+            raise EngineError(f"{what} is not supported on a sharded replica", 501,
+                              "not_supported_error")
 
     def _engine(self) -> Engine:
         if self.engine is None:
@@ -214,6 +223,7 @@ class ModelReplica:
         """Pooled hidden states per prompt: {"result": [...]} or {"error": {...}}."""
         engine = self._engine()
         try:
+            self._unsharded("embeddings")
             vectors = await asyncio.to_thread(
                 engine.run_on_loop, lambda e: embed.embed(e, prompts, pooling))
         except EngineError as exc:
@@ -228,6 +238,9 @@ class ModelReplica:
         """save, restore or erase a slot's KV state; the ingress has validated the file path.
         Answers {"result": ...} or {"error": {message, code, type}}."""
         engine = self._engine()
+        if self.args.shards > 1:
+            return {"error": {"message": "slot actions are not supported on a sharded replica",
+                              "code": 501, "type": "not_supported_error"}}
         if action == "save":
             def call(e):
                 return slot_store.save(e, id_slot, Path(path), filename)
@@ -255,7 +268,11 @@ class ModelReplica:
     async def engine_state(self) -> dict:
         """The engine's bookkeeping and this process's id, for the reliability tests and
         operators: active and queued groups, sequences in the batch, idle slots."""
-        return {"pid": os.getpid(), **self._engine().debug_state()}
+        state = {"pid": os.getpid(), **self._engine().debug_state()}
+        if self.shards is not None:  # and each other rank's, to show they step in lockstep
+            state["shard_pids"] = self.shards.pids
+            state["shard_states"] = await self.shards.states()
+        return state
 
     async def kill_engine_loop(self) -> None:
         """Fault injection (never routed to HTTP): end the engine loop as a crash would, so that

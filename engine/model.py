@@ -41,13 +41,20 @@ def load_model(path: str, adapter: str | None = None, device: str = "auto",
             _fuse(loaded.model, adapter)
         return loaded
     from mlx_lm import load
-    from mlx_lm.utils import get_total_parameters
 
     loaded_on = choose_device(device)
     model, wrapper, config = load(path, model_config=config_overrides or None,
                                   return_config=True)
     if adapter is not None:
         _fuse(model, adapter)
+    return describe(model, wrapper, config, path, loaded_on)
+
+
+def describe(model: Any, wrapper: Any, config: dict, path: str,
+             loaded_on: mx.Device) -> LoadedModel:
+    """The LoadedModel of an mlx-lm model and tokenizer wrapper (whole or one rank's shard)."""
+    from mlx_lm.utils import get_total_parameters
+
     hf = getattr(wrapper, "_tokenizer", wrapper)
     vocab = Vocab(hf, set(getattr(wrapper, "eos_token_ids", None) or ()))
     args = getattr(model, "args", None)

@@ -279,19 +279,22 @@ class Engine(Admission, Stepping, Retirement):
         except queue.Empty:
             return
         while item is not None:
-            kind, value = item
-            if kind == "submit":
-                self._waiting.extend(units(value.tasks))
-            elif kind == "cancel":
-                self._cancel(value)
-            elif kind == "call":
-                value()
-            elif kind == "raise":
-                raise value
+            self._apply(*item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 item = None
+
+    def _apply(self, kind: str, value) -> None:
+        """One inbox item, on the scheduler thread (engine/lockstep.py forwards some to ranks)."""
+        if kind == "submit":
+            self._waiting.extend(units(value.tasks))
+        elif kind == "cancel":
+            self._cancel(value)
+        elif kind == "call":
+            value()
+        elif kind == "raise":
+            raise value
 
     def _cancel(self, group_id: int) -> None:
         found = False

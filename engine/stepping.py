@@ -28,6 +28,11 @@ log = logging.getLogger("mlxray.engine")
 
 
 class Stepping:
+    def _clock(self) -> float:
+        """The time a token arrives at, for its timings and the time limit (engine/lockstep.py
+        gives every rank rank 0's clock, so a time limit stops a sequence on every rank)."""
+        return time.perf_counter()
+
     def _progress(self, task: Task, processed: int) -> ProgressEvent:
         now = time.perf_counter()
         if processed > task.n_cache:
@@ -90,7 +95,7 @@ class Stepping:
         """llama.cpp's process_token: text, stop word, limits, n_indent, time limit, EOG."""
         req = task.req
         recorded = task.recorded.popleft() if task.recorded else None
-        now = time.perf_counter()
+        now = self._clock()
         task.n_gen += 1
         if task.n_gen == 1:
             task.t_first = task.t_prompt = now

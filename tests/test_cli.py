@@ -64,7 +64,7 @@ def test_environment_variables_and_flag_precedence():
 
 @pytest.mark.parametrize("argv,environ,named", [
     (["-ctk", "q8_0"], {}, "-ctk"),
-    (["-sm", "row", "--mmproj", "a.gguf"], {}, "-sm, --mmproj"),
+    (["-ts", "1,1", "--mmproj", "a.gguf"], {}, "-ts, --mmproj"),
     (["--yarn-ext-factor=1"], {}, "--yarn-ext-factor"),
     ([], {"LLAMA_ARG_CACHE_TYPE_K": "q8_0"}, "LLAMA_ARG_CACHE_TYPE_K"),
 ])
@@ -75,10 +75,10 @@ def test_unhonored_options_are_refused_by_name(argv, environ, named):
 
 def test_refusals_give_each_option_its_reason():
     with pytest.raises(cli.Refused) as refused:
-        cli.parse(["-sm", "row", "--models-dir", "/m"], {"LLAMA_ARG_NUMA": "distribute"})
+        cli.parse(["-ts", "1,1", "--models-dir", "/m"], {"LLAMA_ARG_NUMA": "distribute"})
     lines = str(refused.value).splitlines()
     assert lines[1:] == [
-        f"  -sm: {cli.SPLIT}",
+        f"  -ts: {cli.TENSOR_SPLIT}",
         "  --models-dir: several models are a config's `models` list (configs/multi-model.yaml), "
         "set at deploy time",
         "  LLAMA_ARG_NUMA: MLX places its memory itself"]
