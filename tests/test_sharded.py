@@ -93,6 +93,23 @@ def assert_lockstep(name: str) -> None:
     assert {k: rank[k] for k in LOCKSTEP_KEYS} == {k: state[k] for k in LOCKSTEP_KEYS}
 
 
+def test_seeded_sampling_equals_the_unsharded_replica(sharded, base_url):
+    """A seeded request samples the same tokens as on the suite's unsharded replica: the seed
+    travels with the request to every rank. The pipeline split computes the same logits bit for
+    bit (tensor sums partial products in another order, so a draw may land apart)."""
+    name, base = sharded
+    if name != "sharded-pipeline":
+        pytest.skip("bit-exact logits only with the pipeline split")
+    seeded = {"seed": 1234, "temperature": 1.0, "n_predict": N, "ignore_eos": True,
+              "return_tokens": True, "cache_prompt": False}
+
+    def tokens(url: str) -> list[list[int]]:
+        return [httpx.post(url + "/completion", json={"prompt": p, **seeded}, timeout=60)
+                .json()["tokens"] for p in PROMPTS[:2]]
+
+    assert tokens(base) == tokens(base_url)
+
+
 def test_one_replica_to_the_ingress(sharded):
     """/props and /slots answer as for one replica: the whole model's size, the slots once."""
     _, base = sharded
