@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import fields
 from pathlib import Path
 
+import ray
 from ray import serve
 
 from engine import aio, device_choice, embed, slot_store
@@ -270,6 +271,7 @@ class ModelReplica:
         operators: active and queued groups, sequences in the batch, idle slots."""
         state = {"pid": os.getpid(), **self._engine().debug_state()}
         if self.shards is not None:  # and each other rank's, to show they step in lockstep
+            state["node"] = ray.get_runtime_context().get_node_id()
             state["shard_pids"] = self.shards.pids
             state["shard_states"] = await self.shards.states()
         return state

@@ -96,7 +96,8 @@ class ShardRank:
         return self.engine is not None and self.engine.alive
 
     def state(self) -> dict:
-        return {"pid": os.getpid(), **self.engine.debug_state()}
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                **self.engine.debug_state()}
 
 
 @dataclass
