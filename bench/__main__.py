@@ -1,8 +1,9 @@
 """python -m bench: the engine floor, the graph over HTTP and the prefix cache, side by side.
 
 Writes ``<out>.json`` and ``<out>.png`` (default docs/bench/latest, or docs/bench/quick with
---quick), refreshes the table in docs/performance.md after a full run, and prints the four target
-ratios last, one per line. The plot needs the ``bench`` extra (matplotlib: ``make bench``
+--quick), refreshes the table in docs/performance.md after a full run, and prints the target
+ratios last, one per line (the peer's, mlx_lm.server driven by the same OpenAI client as the
+graph, after the first four). The plot needs the ``bench`` extra (matplotlib: ``make bench``
 installs it); without it the figures are measured, written and printed all the same.
 """
 
@@ -28,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/tiny-python", help="model folder (default: the "
-                   "embedded model)")
+                   "embedded model), or llama-27m: a random-weight Llama of realistic shape "
+                   "(hidden 512, 8 layers) built at bench time (bench/models.py)")
     p.add_argument("--concurrency", default="1,4,16",
                    help="comma-separated concurrency levels (default 1,4,16)")
     p.add_argument("--tokens", type=int, default=None,
@@ -48,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer, shorter requests (< 3 minutes)")
     p.add_argument("--no-graph", action="store_true", help="skip the serve run (engine only)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's BatchGenerator")
+    p.add_argument("--no-peer", action="store_true",
+                   help="skip mlx_lm.server and the graph driven by the same OpenAI client")
     p.add_argument("--no-grammar", action="store_true",
                    help="skip the grammar scenario (8 sequences, half constrained)")
     p.add_argument("--no-adapters", action="store_true",
@@ -89,14 +93,39 @@ def llama_cpp_anchor(prompt_text: str, n_tokens: int) -> dict | None:
             "tokens_per_s": round(n / wall, 2), "llama_cpp_python": _version("llama-cpp-python")}
 
 
-def _cpu(system: str, serve_pid: int) -> dict[str, float]:
+def _cpu(system: str, serve_pid: int, peer_pid: int) -> dict[str, float]:
     """CPU seconds so far of what serves ``system``: this process for the engines driven
-    directly, the serve run's processes by role for the graph."""
-    if system == "graph":
-        from .graph import session_cpu
+    directly, the serve run's processes by role for the graph, mlx_lm.server's in all."""
+    from .graph import session_cpu
 
+    if system in ("graph", "graph_oai"):
         return session_cpu(serve_pid)
+    if system == "mlx_lm_server":
+        return {"mlx_lm.server": sum(session_cpu(peer_pid).values())}
     return {"bench process": time.process_time()}
+
+
+PEER_SYSTEMS = ("mlx_lm_server", "graph_oai")
+
+
+def _oai_workload(loaded, levels: list[int], rounds: int, n_requests, n_parallel: int,
+                  prompt_tokens: int, n_tokens: int) -> tuple[dict, list[dict]]:
+    """The OpenAI bodies of the peer comparison, by (round, level), and the warm-up's: text
+    prompts that never repeat (neither server's prompt cache hits), no seed, EOS kept out."""
+    from .peer import oai_body
+    from .workload import make_prompts
+
+    n = n_parallel + rounds * sum(n_requests(c) for c in levels)
+    texts = [loaded.vocab.detokenize(p) for p in
+             make_prompts(loaded.vocab, n, prompt_tokens, stride=prompt_tokens + 13)]
+    bodies = [oai_body(t, n_tokens, sorted(loaded.vocab.eog_ids)) for t in texts]
+    warmup = [{**b, "max_tokens": 8} for b in bodies[:n_parallel]]
+    by_level, at = {}, n_parallel
+    for r in range(rounds):
+        for c in levels:
+            by_level[(r, c)] = bodies[at: at + n_requests(c)]
+            at += n_requests(c)
+    return by_level, warmup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.config import GraphArgs
     from engine.model import load_model
 
-    from . import engine_floor, graph, report
+    from . import engine_floor, graph, peer, report
+    from .models import model_folder
     from .workload import Workload, make_prompts
 
     levels = sorted({int(c) for c in args.concurrency.split(",")})
@@ -120,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     def n_requests(c: int) -> int:
         return args.requests or (max(4, 2 * c) if args.quick else max(4, c))
 
-    model_path = GraphArgs(model=args.model).model_path
+    model_path = GraphArgs(model=model_folder(args.model)).model_path
     loaded = load_model(model_path)
     n_prompts = max(n_requests(c) for c in levels) * rounds
     work = Workload(n_tokens, make_prompts(loaded.vocab, n_prompts, args.prompt_tokens))
@@ -129,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     prefix_prompts = make_prompts(loaded.vocab, n_prefix, args.prefix_tokens, stride=1009)
 
     systems = [s for s, skip in (("mlx_lm", args.no_mlx_lm), ("engine", False),
-                                 ("graph", args.no_graph)) if not skip]
+                                 ("graph", args.no_graph), ("mlx_lm_server", args.no_peer),
+                                 ("graph_oai", args.no_graph or args.no_peer)) if not skip]
+    oai_bodies, oai_warmup = _oai_workload(loaded, levels, rounds, n_requests, n_parallel,
+                                           args.prompt_tokens, n_tokens)
     total = sum(n_requests(c) for c in levels) * len(systems) * rounds
-    total += 0 if args.no_graph else 2 * n_prefix
+    total += (0 if args.no_graph else 2 * n_prefix) + n_parallel * len(systems)  # + warm-up
     started = time.perf_counter()
     doc: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "model": model_path, "model_name": Path(model_path).name,
@@ -153,7 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         tick = lambda: bar.update(1)  # noqa: E731
         engine = engine_floor.start_engine(loaded, n_parallel, n_ctx, args.n_batch)
         stack.callback(engine.stop)
-        base, serve_pid = "", 0
+        base, serve_pid, peer_base, peer_pid = "", 0, "", 0
+        if "mlx_lm_server" in systems:
+            bar.set_description("mlx_lm.server: starting")
+            peer_log = out.with_suffix(".peer.log")
+            peer_log.parent.mkdir(parents=True, exist_ok=True)
+            peer_base, peer_pid = stack.enter_context(peer.serve_peer(model_path, n_parallel,
+                                                                      peer_log))
+            doc["peer"] = {"server": "mlx_lm.server", "pid": peer_pid,
+                           "decode_concurrency": n_parallel}
         if "graph" in systems:
             bar.set_description("serve run: starting")
             log_path = out.with_suffix(".serve.log")
@@ -165,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
                                                               args.n_batch, tick),
             "engine": lambda c, n, w: engine_floor.run_engine(engine, w, c, n, tick),
             "graph": lambda c, n, w: graph.run_graph(base, w, c, n, tick),
+            "mlx_lm_server": lambda c, n, w: peer.run_oai(peer_base, w, c, tick),
+            "graph_oai": lambda c, n, w: peer.run_oai(base, w, c, tick),
         }
         bar.set_description("warm-up")
         for system in systems:
-            runners[system](n_parallel, n_parallel, warmup)
+            runners[system](n_parallel, n_parallel,
+                            oai_warmup if system in PEER_SYSTEMS else warmup)
         for r in range(rounds):
             # the systems take turns at each level, in alternating order, so that the machine's
             # load drifts over all of them alike
@@ -178,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                 round_work = Workload(n_tokens, work.prompts[offset:] + work.prompts[:offset])
                 for system in order:
                     bar.set_description(f"round {r + 1}/{rounds} {system} c={c}")
-                    cpu_before = _cpu(system, serve_pid)
-                    got, wall = runners[system](c, n_requests(c), round_work)
-                    for role, used in _cpu(system, serve_pid).items():
+                    cpu_before = _cpu(system, serve_pid, peer_pid)
+                    used_work = oai_bodies[(r, c)] if system in PEER_SYSTEMS else round_work
+                    got, wall = runners[system](c, n_requests(c), used_work)
+                    for role, used in _cpu(system, serve_pid, peer_pid).items():
                         key = (system, c)
                         cpu.setdefault(key, {})
                         cpu[key][role] = cpu[key].get(role, 0.0) + used - cpu_before.get(role, 0)
@@ -208,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 "warm_ttft_ms_p50": round(percentile(warm, 50), 3)}
             bar.set_description("serve run: stopping")
     out.with_suffix(".serve.log").unlink(missing_ok=True)
+    out.with_suffix(".peer.log").unlink(missing_ok=True)
+    doc["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     runs = {s: {str(c): summarize(timings[(s, c)], walls[(s, c)], cpu.get((s, c)))
                 for c in levels} for s in systems}
     doc["llama_cpp"] = llama_cpp_anchor(loaded.vocab.detokenize(work.prompts[0]), n_tokens)

@@ -68,7 +68,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         base = f"http://127.0.0.1:{port}"
         try:
             try:
-                _wait_healthy(base, proc, timeout, log_path)
+                wait_healthy(base, proc, timeout, log_path)
             except ServeExited:
                 if attempt == attempts:
                     raise
@@ -85,11 +85,12 @@ class ServeExited(RuntimeError):
     pass
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServeExited(f"serve run exited ({proc.returncode}); see {log_path}")
+            command = " ".join(map(str, proc.args[:4]))
+            raise ServeExited(f"{command} exited ({proc.returncode}); see {log_path}")
         try:
             with urllib.request.urlopen(base + "/health", timeout=5) as resp:
                 if resp.status == 200:

@@ -1,4 +1,4 @@
-"""The figures the benchmark reports: percentiles, per-run summaries and the four target ratios.
+"""The figures the benchmark reports: percentiles, per-run summaries and the target ratios.
 
 Pure functions over plain numbers, so a test can check them on synthetic data.
 """
@@ -13,6 +13,10 @@ RATIO_NAMES = (
     "ttft_overhead_ms@1",
     "engine_vs_mlx_lm_throughput@16",
     "warm_vs_cold_ttft",
+    "graph_vs_mlx_lm_server_throughput@1",
+    "graph_vs_mlx_lm_server_throughput@16",
+    "ttft_minus_mlx_lm_server_ms@1",
+    "ttft_vs_mlx_lm_server@16",
 )
 
 # name -> (comparison, bound): the issue's targets on the embedded model, 2-core machine
@@ -21,6 +25,10 @@ TARGETS = {
     "ttft_overhead_ms@1": ("<=", 10.0),
     "engine_vs_mlx_lm_throughput@16": (">=", 1.0),
     "warm_vs_cold_ttft": ("<=", 0.2),
+    "graph_vs_mlx_lm_server_throughput@1": (">=", 0.8),
+    "graph_vs_mlx_lm_server_throughput@16": (">=", 1.0),
+    "ttft_minus_mlx_lm_server_ms@1": ("<=", 10.0),
+    "ttft_vs_mlx_lm_server@16": ("<=", 1.1),
 }
 
 
@@ -89,10 +97,28 @@ def _ratio(a: float, b: float) -> float:
 
 
 def compute_ratios(runs: dict, prefix: dict | None) -> dict[str, float]:
-    """The four target figures from ``runs[system][str(concurrency)]`` summaries (systems
-    ``mlx_lm``, ``engine``, ``graph``) and the prefix-cache summary (``cold_ttft_ms_p50``,
-    ``warm_ttft_ms_p50``); a figure whose inputs are missing is nan."""
+    """The target figures from ``runs[system][str(concurrency)]`` summaries (systems ``mlx_lm``,
+    ``engine``, ``graph``; ``graph_oai`` and ``mlx_lm_server`` for the peer, both driven by one
+    OpenAI client) and the prefix-cache summary (``cold_ttft_ms_p50``, ``warm_ttft_ms_p50``); a
+    figure whose inputs are missing is nan."""
     prefix = prefix or {}
+    return {**_core_ratios(runs, prefix), **_peer_ratios(runs)}
+
+
+def _peer_ratios(runs: dict) -> dict[str, float]:
+    def both(c: int, key: str) -> tuple[float, float]:
+        return _at(runs, "graph_oai", c, key), _at(runs, "mlx_lm_server", c, key)
+
+    return {
+        "graph_vs_mlx_lm_server_throughput@1": _ratio(*both(1, "tokens_per_s")),
+        "graph_vs_mlx_lm_server_throughput@16": _ratio(*both(16, "tokens_per_s")),
+        "ttft_minus_mlx_lm_server_ms@1": _at(runs, "graph_oai", 1, "ttft_ms_p50")
+        - _at(runs, "mlx_lm_server", 1, "ttft_ms_p50"),
+        "ttft_vs_mlx_lm_server@16": _ratio(*both(16, "ttft_ms_p50")),
+    }
+
+
+def _core_ratios(runs: dict, prefix: dict) -> dict[str, float]:
     return {
         "graph_vs_engine_throughput@16": _ratio(_at(runs, "graph", 16, "tokens_per_s"),
                                                 _at(runs, "engine", 16, "tokens_per_s")),
@@ -115,6 +141,8 @@ def compute_cpu_ratios(runs: dict) -> dict[str, float]:
     return {
         "graph_vs_engine_throughput@16": _ratio(cost("engine"), cost("graph")),
         "engine_vs_mlx_lm_throughput@16": _ratio(cost("mlx_lm"), cost("engine")),
+        "graph_vs_mlx_lm_server_throughput@16": _ratio(cost("mlx_lm_server"),
+                                                       cost("graph_oai")),
     }
 
 

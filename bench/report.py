@@ -10,7 +10,8 @@ from pathlib import Path
 from .ratios import RATIO_NAMES, TARGETS, meets
 
 SYSTEMS = (("mlx_lm", "mlx-lm BatchGenerator"), ("engine", "mlxray engine"),
-           ("graph", "graph over HTTP"))
+           ("graph", "graph over HTTP"), ("mlx_lm_server", "mlx_lm.server (OpenAI client)"),
+           ("graph_oai", "graph (OpenAI client)"))
 TABLE_START = "<!-- bench:table:start -->"
 TABLE_END = "<!-- bench:table:end -->"
 

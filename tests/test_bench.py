@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from bench.ratios import (
+    RATIO_NAMES,
     RequestTiming,
     compute_cpu_ratios,
     compute_ratios,
@@ -45,6 +47,69 @@ def test_runs_and_prints_its_figures_without_the_bench_extra(tmp_path):
     assert (tmp_path / "run.json").exists() and not (tmp_path / "run.png").exists()
 
 
+PEER_ONLY = ["--quick", "--no-graph", "--no-mlx-lm", "--no-grammar", "--no-adapters",
+             "--concurrency", "1", "--tokens", "4", "--requests", "1", "--prompt-tokens", "8",
+             "--prefix-tokens", "8"]
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.heavy
+def test_the_peer_is_measured_and_stopped(tmp_path):
+    """mlx_lm.server is started on the model, driven by the OpenAI client for exactly the tokens
+    asked (its end of generation kept out by logit_bias), reported with the peer's ratios, and
+    stopped with everything it started."""
+    out = subprocess.run([sys.executable, "-m", "bench", *PEER_ONLY, "--out", str(tmp_path / "r")],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    peer = doc["runs"]["mlx_lm_server"]["1"]
+    assert peer["requests"] == 1 and peer["tokens"] == 4
+    assert set(doc["runs"]) == {"engine", "mlx_lm_server"}
+    assert set(RATIO_NAMES) <= set(doc["ratios"])
+    assert "| mlx_lm.server (OpenAI client) | 1 |" in out.stdout
+    assert "ttft_minus_mlx_lm_server_ms@1" in out.stdout
+    assert _gone(doc["peer"]["pid"])
+    assert not (tmp_path / "r.peer.log").exists()
+
+
+@pytest.mark.heavy
+def test_ctrl_c_stops_the_peer(tmp_path):
+    """SIGINT to the bench while mlx_lm.server runs (a session of its own, so the terminal's
+    Ctrl-C would not reach it): the bench stops it on the way out."""
+    import signal
+    import time
+
+    import psutil
+
+    bench = subprocess.Popen([sys.executable, "-m", "bench", *PEER_ONLY, "--tokens", "4000",
+                              "--out", str(tmp_path / "r")], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        peers: list = []
+        while not peers and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.2)
+            peers = [c for c in psutil.Process(bench.pid).children()
+                     if "mlx_lm" in " ".join(c.cmdline())]
+        assert peers, "the bench never started mlx_lm.server"
+        time.sleep(1.0)
+        bench.send_signal(signal.SIGINT)
+        bench.wait(timeout=120)
+        assert all(_gone(p.pid) for p in peers)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+
+
 def test_percentile_interpolates():
     assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 99) == 4.96
@@ -78,8 +143,24 @@ def test_ratios_on_synthetic_numbers():
     lines = ratio_lines(ratios)
     assert [line.split()[0] for line in lines] == [
         "graph_vs_engine_throughput@16", "ttft_overhead_ms@1",
-        "engine_vs_mlx_lm_throughput@16", "warm_vs_cold_ttft"]
+        "engine_vs_mlx_lm_throughput@16", "warm_vs_cold_ttft",
+        "graph_vs_mlx_lm_server_throughput@1", "graph_vs_mlx_lm_server_throughput@16",
+        "ttft_minus_mlx_lm_server_ms@1", "ttft_vs_mlx_lm_server@16"]
     assert "MISSED" in lines[0] and "ok" in lines[1] and "ok" in lines[3]
+    assert all("not measured" in line for line in lines[4:])
+
+
+def test_peer_ratios_compare_the_two_openai_runs():
+    runs = {"mlx_lm_server": {"1": _run(600.0, 9.0), "16": _run(1200.0, 100.0)},
+            "graph_oai": {"1": _run(480.0, 15.5), "16": _run(1320.0, 105.0)},
+            "graph": {"1": _run(1.0, 1.0), "16": _run(1.0, 1.0)}}
+    ratios = compute_ratios(runs, None)
+    assert ratios["graph_vs_mlx_lm_server_throughput@1"] == 0.8
+    assert ratios["graph_vs_mlx_lm_server_throughput@16"] == 1.1
+    assert ratios["ttft_minus_mlx_lm_server_ms@1"] == 6.5
+    assert ratios["ttft_vs_mlx_lm_server@16"] == 1.05
+    verdicts = {line.split()[0]: line for line in ratio_lines(ratios)}
+    assert all("ok" in verdicts[name] for name in RATIO_NAMES[4:])
 
 
 def test_cpu_ratios_invert_the_costs():
