@@ -18,6 +18,9 @@ from . import REPO
 TOKENIZER = REPO / "models" / "tiny-python"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SEED = 18
+# BOS, EOS and the tokenizer's 128 lone bytes (0x80-0xFF): their output rows are zeroed, so that
+# greedy text is valid UTF-8 (mlxray fails a stream that is not, as llama-server does)
+MUTED = [0, 1, *range(96, 190), *range(224, 258)]
 
 BUILT = {
     "llama-27m": {
@@ -52,6 +55,9 @@ def build(config: dict, folder: Path) -> Path:
     model_class, args_class = _get_classes(config)
     mx.random.seed(SEED)
     model = model_class(args_class.from_dict(config))
+    keep = mx.ones((config["vocab_size"], 1))
+    keep[mx.array(MUTED)] = 0
+    model.lm_head.weight = model.lm_head.weight * keep
     mx.eval(model.parameters())
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)

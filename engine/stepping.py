@@ -10,6 +10,7 @@ import time
 
 import mlx.core as mx
 
+from .prefill_waves import size_prefill_wave
 from .tasks import Task
 from .text import first_invalid_utf8
 from .types import (
@@ -47,6 +48,10 @@ class Stepping:
 
     def _step(self) -> None:
         try:
+            if self.config.prefill_waves:
+                size_prefill_wave(self._bg, self.config.n_batch)
+            else:  # every waiting prompt at once, up to the slots
+                self._bg.prefill_batch_size = self.config.n_parallel
             prompt_responses, generation_responses = self._bg.next()
         except Exception as exc:  # a failed batch fails the sequences in it, not the loop
             log.exception("batch step failed")

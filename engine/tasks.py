@@ -19,7 +19,8 @@ Sink = Callable[[list[EngineEvent]], None]
 class EngineConfig:
     n_parallel: int = 4
     n_ctx: int = 2048  # per slot
-    n_batch: int = 64  # prefill chunk
+    n_batch: int = 64  # prefill chunk, and the prompt tokens one step reads in all
+    prefill_waves: bool = True  # a burst of prompts read n_batch tokens a step (prefill_waves.py)
     cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
     max_queue: int = 256  # waiting groups before new requests are refused
 

@@ -224,3 +224,55 @@ def test_slot_restore_copies_where_hard_links_fail(engine, tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["slot.bin"]  # the copy is gone
     again = finals(run(engine, greedy_request(engine, prompt, 3, id_slot=3)))[0]
     assert again.timings.cache_n == first.n_prompt - 1 and again.tokens == first.tokens
+
+
+def first_token_steps(engine: Engine, prompts: list[str]) -> list[int]:
+    """The sink call (one per engine step) in which each prompt of one burst got its first
+    token: the prompts go in as one request, so one sink sees every step."""
+    import threading
+
+    calls: list[list] = []
+    done = threading.Event()
+
+    def sink(events: list) -> None:
+        calls.append(events)
+        if sum(isinstance(e, FinalEvent) for batch in calls for e in batch) == len(prompts):
+            done.set()
+
+    requests = [greedy_request(engine, p, 2, cache_prompt=False, index=i, stream=True)
+                for i, p in enumerate(prompts)]
+    engine.submit(requests, sink)
+    assert done.wait(60)
+    firsts = {}
+    for step, batch in enumerate(calls):
+        for e in batch:
+            if isinstance(e, TokenEvent):
+                firsts.setdefault(e.index, step)
+    return [firsts[i] for i in range(len(prompts))]
+
+
+def test_a_burst_is_read_in_n_batch_waves(engine):
+    """Four prompts of 30-odd tokens with n_batch 16: read one after the other (16 tokens a
+    step), the first gets its first token steps before the last; read as one batch (the waves
+    off), all four get theirs in the same step."""
+    prompts = [f"def function_number_{i}(alpha, beta, gamma):\n    return alpha * {i} + beta"
+               for i in range(4)]
+    assert all(len(engine.vocab.tokenize(p, add_special=True)) > 16 for p in prompts)
+    waves = first_token_steps(engine, prompts)
+    assert waves == sorted(waves) and waves[0] < waves[-1]
+    engine.config.prefill_waves = False
+    try:
+        together = first_token_steps(engine, prompts)
+    finally:
+        engine.config.prefill_waves = True
+    assert len(set(together)) == 1
+
+
+def test_wave_size_fills_the_token_budget_in_arrival_order():
+    from engine.prefill_waves import wave_size
+
+    assert wave_size([], [64] * 16, 512) == 8
+    assert wave_size([], [600], 512) == 1  # one prompt at least, read a chunk a step
+    assert wave_size([64, 0], [64] * 16, 512) == 9  # 2 reading (one only its last token) + 7
+    assert wave_size([512], [10], 512) == 1  # the budget is spent: the waiting one waits
+    assert wave_size([], [], 512) == 1
