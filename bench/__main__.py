@@ -38,9 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (default 64)")
     p.add_argument("--prefix-tokens", type=int, default=1000,
                    help="prompt length of the prefix-cache test (default 1000)")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests per concurrency level and round (default max(4, c); "
-                        "max(4, 2*c) with --quick)")
+    p.add_argument("--requests", type=_requests, default=None,
+                   help="requests per concurrency level and round: N for every level, or "
+                        "C:N,... per level (default max(4, c); max(4, 2*c) with --quick)")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds in which the systems take turns (default 5; 1 with --quick)")
     p.add_argument("--n-batch", type=int, default=512, help="prefill chunk (default 512)")
@@ -57,6 +57,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-adapters", action="store_true",
                    help="skip the adapter scenario (8 sequences, half on two LoRA adapters)")
     return p.parse_args(argv)
+
+
+ANY_LEVEL = 0
+
+
+def _requests(text: str) -> dict[int, int]:
+    """``--requests``: "8" (every level) or "1:4,16:16" (by level; a level not named gets the
+    default)."""
+    if ":" not in text:
+        return {ANY_LEVEL: int(text)}
+    return {int(c): int(n) for c, n in (pair.split(":") for pair in text.split(","))}
 
 
 def _version(name: str) -> str:
@@ -148,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 5)
 
     def n_requests(c: int) -> int:
-        return args.requests or (max(4, 2 * c) if args.quick else max(4, c))
+        given = (args.requests or {}).get(c, (args.requests or {}).get(ANY_LEVEL))
+        if given:
+            return given
+        return max(4, 2 * c) if args.quick else max(4, c)
 
     model_path = GraphArgs(model=model_folder(args.model)).model_path
     loaded = load_model(model_path)
