@@ -15,6 +15,7 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -139,8 +140,16 @@ def _oai_workload(loaded, levels: list[int], rounds: int, n_requests, n_parallel
     return by_level, warmup
 
 
+def _exit_on_signal(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # the servers the bench starts live in sessions of their own: a TERM or HUP must unwind the
+    # stack that stops them, as Ctrl-C does (SIGINT ignored by a background launch stays ignored)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     from tqdm import tqdm  # a dependency of mlx-lm's transformers: always there
 
     from deployments.config import GraphArgs

@@ -27,6 +27,13 @@ from .workload import Workload, completion_body
 Progress = Callable[[], None]
 
 
+# Ray starts its workers (every deployment replica, the HTTP proxy) at nice 15; the engines
+# driven in this process and mlx_lm.server run at 0. On a shared machine the neighbours' load
+# then takes the CPU from the graph first, and the comparison measures the nice levels: the
+# bench's serve run gives its workers the others' niceness (RAY_worker_niceness overrides it).
+WORKER_NICENESS = "0"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,6 +67,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
                                          delete=False) as f:
             yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch), f)
         env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        env.setdefault("RAY_worker_niceness", WORKER_NICENESS)
         serve = Path(sys.executable).with_name("serve")
         log = open(log_path, "wb")
         proc = subprocess.Popen([str(serve), "run", "--address", "local", f.name], cwd=REPO,
