@@ -98,8 +98,9 @@ async def stream_oai(session: aiohttp.ClientSession, base: str, body: dict) -> R
                 if event.get("usage"):
                     n_tokens = int(event["usage"]["completion_tokens"])
                     t_last = now
-    if n_tokens is None or not t_first:
-        raise RuntimeError("the stream ended without text or without a usage frame")
+    if n_tokens is None:
+        raise RuntimeError("the stream ended without a usage frame")
+    t_first = t_first or t_last  # tokens whose text is empty (a split UTF-8 character) only
     return RequestTiming(t_first - t0, t_last - t0, n_tokens, n_chunks)
 
 

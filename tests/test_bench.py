@@ -36,7 +36,7 @@ def test_runs_and_prints_its_figures_without_the_bench_extra(tmp_path):
     writes its JSON and prints its table, and says how to get the plot."""
     hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
             "runpy.run_module('bench', run_name='__main__')")
-    args = ["--quick", "--no-graph", "--no-mlx-lm", "--no-grammar", "--no-adapters",
+    args = ["--quick", "--no-graph", "--no-mlx-lm", "--no-peer", "--no-grammar", "--no-adapters",
             "--concurrency", "1", "--tokens", "4", "--requests", "1", "--prompt-tokens", "8",
             "--prefix-tokens", "8", "--out", str(tmp_path / "run")]
     out = subprocess.run([sys.executable, "-c", hide, *args], cwd=REPO, capture_output=True,
