@@ -28,6 +28,7 @@ from engine import device_choice
 from engine.gguf import is_gguf
 
 from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template
+from .cli_kv import kv_fields, kv_options
 from .cli_refused import REFUSED, TENSOR_SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .field_parsers import REASONING_FORMATS
@@ -140,8 +141,7 @@ HONORED: tuple[Option, ...] = (
     *cli_template.options(Option),
     *cli_sampling.options(Option),
     *cli_runtime.options(Option),
-    *cli_rope.options(Option),
-    *cli_shards.options(Option),
+    *cli_rope.options(Option), *cli_shards.options(Option), *kv_options(Option),
 )
 
 
@@ -188,7 +188,7 @@ HELP_GROUPS = ("common", "sampling", "server")
 COMMON = {"model", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size", "batch_size",
           "ubatch_size", "n_predict", "threads", "threads_batch", "n_gpu_layers", "flash_attn",
           "device", "mlock", "mmap", "verbose", "log_disable", "log_file", "log_colors", "lora",
-          "lora_scaled", "context_shift"}
+          "lora_scaled", "context_shift", "cache_type_k", "cache_type_v"}
 
 
 def help_group(dest: str) -> str:
@@ -310,6 +310,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     fields.update(cli_lora.lora_fields(ns, ns.argv))
     fields.update(cli_shards.shard_fields(ns))
     fields.update(cli_template.template_fields(ns))
+    fields.update(kv_fields(ns))
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling

@@ -20,7 +20,6 @@ TENSOR_SPLIT = ("the ranks of a sharded model get even parts (mlx-lm's split): -
                 "many, --shard-mode (or -sm layer|row) how")
 MAIN_GPU = ("rank 0 of a sharded model runs in the model replica, on its device; Ray places the "
             "other ranks")
-KV_TYPES = "GGML KV cache types do not exist in MLX: the KV cache holds the model's own dtype"
 KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
             "longest common prefix")
 DOWNLOAD = ("a URL is not fetched: -hf takes a Hugging Face repository (a GGUF one's quant, or "
@@ -34,8 +33,6 @@ ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml
           "time")
 
 REFUSED: tuple[Unhonored, ...] = (
-    Unhonored(("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K", KV_TYPES),
-    Unhonored(("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V", KV_TYPES),
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
               "each slot owns its KV cache: there is no shared KV buffer"),
     Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),

@@ -83,6 +83,9 @@ class GraphArgs(BaseModel):
         -1, ge=-1, le=INT32_MAX,
         description="default of a request's reasoning_budget_tokens (--reasoning-budget): "
                     "-1 no budget, 0 end at once, N tokens")
+    kv_cache_type: Literal["f32", "f16", "bf16", "q8_0", "q4_0"] = Field(
+        "f16", description="the KV cache (-ctk/-ctv): q8_0, q4_0 quantized (groups of 32); "
+                           "f32, f16, bf16 unquantized, in the model's dtype")
     cache_entries: int = Field(
         0, ge=0, description="prefix-cache entries, prompt snapshots included; 0: two per slot")
     stream_interval_ms: float = Field(

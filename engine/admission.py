@@ -126,6 +126,7 @@ class Admission:
     def _insert(self, task: Task, tokens: list[int], cache: list | None,
                 context: list[int]) -> None:
         sampler, processors = self._chain(task)
+        cache = cache if cache is not None else self.kv.fresh()
         uid = self._bg.insert_segments(
             [segments(tokens, [p - len(context) for p in task.snapshots])],
             caches=[cache] if cache is not None else None,

@@ -27,6 +27,7 @@ from .chain import infill_vocab
 from .checks import check_prompt
 from .device import WiredLimit, engine_stream, without_wired_limit
 from .grammar import GrammarCache, GrammarError
+from .kv_quant import KVLayout
 from .lora import AdaptedBatchGenerator, AdapterSet
 from .model import LoadedModel
 from .numerics import sampler_init_error
@@ -51,6 +52,7 @@ class Engine(Admission, Stepping, Retirement):
         self.vocab = loaded.vocab
         self.config = config or EngineConfig()
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
+        self.kv = KVLayout(loaded.model, self.config.kv_cache_type)  # a quantized one: -ctk
         self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
         self.snapshots = Snapshots(loaded.model)
         self.adapters = AdapterSet(loaded.model)  # LoRA adapters, per sequence (engine/lora.py)

@@ -43,7 +43,7 @@ def save(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
         raise EngineError(f"Slot {id_slot} holds no state to save")
     # mx.save_safetensors appends the .safetensors suffix; the client's name is kept as given
     staged = path.with_name(path.name + ".saving.safetensors")
-    save_prompt_cache(str(staged), cache, {_TOKENS_KEY: json.dumps(tokens),
+    save_prompt_cache(str(staged), engine.kv.portable(cache), {_TOKENS_KEY: json.dumps(tokens),
                                            _ADAPTERS_KEY: slot.cache_key})
     os.replace(staged, path)
     return {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens),
@@ -60,6 +60,7 @@ def restore(engine: Engine, id_slot: int, path: Path, filename: str) -> dict:
         cache, metadata = load_prompt_cache(str(staged), return_metadata=True)
         tokens = [int(t) for t in json.loads(metadata[_TOKENS_KEY])]
         key = metadata.get(_ADAPTERS_KEY, BASE_KEY)  # the LoRA settings it was computed under
+        cache = engine.kv.adopt(cache)  # a file of another -ctk is held as this server's
     except Exception:  # noqa: BLE001 - a missing or foreign file is the client's error
         raise EngineError("Unable to restore slot, no available space in KV cache or invalid "
                           "slot save file") from None

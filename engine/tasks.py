@@ -23,6 +23,7 @@ class EngineConfig:
     prefill_waves: bool = True  # a burst of prompts read n_batch tokens a step (prefill_waves.py)
     cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
     max_queue: int = 256  # waiting groups before new requests are refused
+    kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
 
 
 @dataclass

@@ -105,6 +105,11 @@ INVOCATIONS = [
      {"args": {"config_overrides": {"rope_scaling": {
          "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
          "beta_slow": 1.0, "beta_fast": 32.0}}}}),
+    # a long-context card: the KV cache quantized to 8 bits (q4_0 for the tightest memory)
+    ("-m {m} -ngl 99 -fa on -ctk q8_0 -ctv q8_0 -c 8192",
+     {"args": {"kv_cache_type": "q8_0", "n_ctx": 2048}}),
+    ("-m {m} --cache-type-k q4_0 --cache-type-v q4_0 -np 1", {"args": {"kv_cache_type": "q4_0"}}),
+    ("-m {m} -ctk f16 -ctv f16", {"args": {}, "absent": ["kv_cache_type"]}),
     # the temperature's long spelling and the typical's
     ("-m {m} --temperature 0.3 --typical-p 0.5 --top-nsigma 1.5 --xtc-probability 0.5",
      {"args": {"temperature": 0.3, "sampling": {"typical_p": 0.5, "top_n_sigma": 1.5,
