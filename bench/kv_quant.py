@@ -19,7 +19,7 @@ import mlx.core as mx
 from engine import aio
 from engine.model import LoadedModel, load_model
 from engine.scheduler import Engine, EngineConfig
-from engine.types import FinalEvent, GenerationRequest, SamplingParams
+from engine.types import ErrorEvent, FinalEvent, GenerationRequest, SamplingParams
 
 from .workload import corpus_tokens
 
@@ -70,6 +70,9 @@ def measure(loaded: LoadedModel, cache_type: str, args: argparse.Namespace) -> d
 async def _finals(engine: Engine, requests: list[GenerationRequest]) -> list[FinalEvent]:
     out: dict[int, FinalEvent] = {}
     async for batch in aio.generate(engine, requests):
+        for event in batch:
+            if isinstance(event, ErrorEvent):
+                raise RuntimeError(event)
         out.update({e.index: e for e in batch if isinstance(e, FinalEvent)})
     return [out[i] for i in range(len(requests))]
 
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     for dtype, plain in ((mx.float32, "f32"), (mx.float16, "f16")):
         loaded = load_model(args.model)
         loaded.model.set_dtype(dtype)
+        mx.eval(loaded.model.parameters())  # here: the engine thread has no stream of ours
         base = None
         for cache_type in (plain, "q8_0", "q4_0"):
             r = measure(loaded, cache_type, args)

@@ -270,6 +270,10 @@ class KVLayout:
                 kinds = sorted({type(c).__name__ for c in plain} - {"KVCache"})
                 raise ValueError(f"a quantized KV cache needs a model whose layers all keep a "
                                  f"plain KV cache; this one has {', '.join(kinds)}")
+            dims = _head_dims(model, len(plain))
+            if any(d % GROUP_SIZE for d in dims):
+                raise ValueError(f"a quantized KV cache quantizes groups of {GROUP_SIZE} values "
+                                 f"of each head; this model's heads have {min(dims)}")
             self._n_layers = len(plain)
 
     @property
@@ -301,3 +305,19 @@ class KVLayout:
                 c = plain
             out.append(c)
         return out
+
+
+class _ShapeProbe(KVCache):
+    """Records the key and value widths a layer hands its cache, and keeps nothing."""
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.dims = (keys.shape[-1], values.shape[-1])
+        return keys, values
+
+
+def _head_dims(model: Any, n_layers: int) -> set[int]:
+    """The head widths of the model's keys and values: one token through the model, built as a
+    graph and never evaluated (only the shapes are read)."""
+    probes = [_ShapeProbe() for _ in range(n_layers)]
+    model(mx.array([[0]]), cache=probes)
+    return {d for p in probes for d in getattr(p, "dims", ())}

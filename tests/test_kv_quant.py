@@ -176,3 +176,28 @@ def test_cache_type_from_the_environment():
 def test_cache_types_refused(argv, message):
     with pytest.raises((cli.Refused, ValueError), match=message):
         cli.graph_args(cli.parse(["-m", MODEL, *argv], {}))
+
+
+def test_other_families(tmp_path):
+    """Qwen3 (q/k norms) with 4-bit weights: q8_0 decodes as the unquantized cache does. A model
+    with a sliding window, or heads narrower than a group, is refused at load, saying why."""
+    from .zoo import QWEN3, Family, build_family, build_zoo
+
+    wide = Family("qwen3-4bit-wide", {**QWEN3, "head_dim": 32}, "", bits=4)
+    loaded = load_model(str(build_family(wide, tmp_path / wide.name)))
+    outputs = []
+    for cache_type in ("f32", "q8_0"):
+        engine = Engine(loaded, EngineConfig(n_parallel=2, n_ctx=256, n_batch=16,
+                                             kv_cache_type=cache_type))
+        engine.start()
+        try:
+            outputs.append(tokens_of(engine, PROMPTS[0], N_AGREE, cache_prompt=False))
+        finally:
+            engine.stop()
+    assert outputs[0] == outputs[1]
+    folders = build_zoo(tmp_path, ("qwen3", "gemma3_text"))
+    with pytest.raises(ValueError, match="RotatingKVCache"):
+        Engine(load_model(str(folders["gemma3_text"])), EngineConfig(kv_cache_type="q8_0"))
+    with pytest.raises(ValueError, match="groups of 32 values of each head; this model's "
+                                         "heads have 16"):
+        Engine(load_model(str(folders["qwen3"])), EngineConfig(kv_cache_type="q4_0"))
