@@ -201,3 +201,15 @@ def test_other_families(tmp_path):
     with pytest.raises(ValueError, match="groups of 32 values of each head; this model's "
                                          "heads have 16"):
         Engine(load_model(str(folders["qwen3"])), EngineConfig(kv_cache_type="q4_0"))
+
+
+def test_bench_measures_the_cache_bytes():
+    """bench/kv_quant.py's memory figure: per token, 2 layers x (K, V) x 2 heads x 32 values;
+    f32: 4 bytes a value; q8_0: 1 byte, and a float32 scale and bias per 32 values."""
+    from bench.kv_quant import measure, parse_args
+
+    args = parse_args(["--context", "40", "--tokens", "4", "--n-batch", "16"])
+    loaded = load_model(MODEL)
+    per_token = {t: (r := measure(loaded, t, args))["bytes"] / r["n_tokens"]
+                 for t in ("f32", "q8_0", "q4_0")}
+    assert per_token == {"f32": 8 * 32 * 4, "q8_0": 8 * (32 + 8), "q4_0": 8 * (16 + 8)}
