@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens (default 64)")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     p.add_argument("--n-batch", type=int, default=512, help="prefill chunk (default 512)")
+    p.add_argument("--dtypes", default="f32,f16", help="model dtypes (default f32,f16)")
     p.add_argument("--rounds", type=int, default=1,
                    help="runs of each cache type, in alternating order; the fastest is kept")
     return p.parse_args(argv)
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| model dtype | -ctk/-ctv | cache of one sequence | per token | vs unquantized "
           "| decode tok/s | prefill tok/s |")
     print("|---|---|---|---|---|---|---|")
-    for dtype, plain in ((mx.float32, "f32"), (mx.float16, "f16")):
+    for plain in args.dtypes.split(","):
+        dtype = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}[plain]
         loaded = load_model(args.model)
         loaded.model.set_dtype(dtype)
         mx.eval(loaded.model.parameters())  # here: the engine thread has no stream of ours
