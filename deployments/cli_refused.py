@@ -24,8 +24,6 @@ KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix 
             "longest common prefix")
 DOWNLOAD = ("a URL is not fetched: -hf takes a Hugging Face repository (a GGUF one's quant, or "
             "an mlx-community folder), -m a local folder or GGUF file")
-TLS = ("TLS is set in a Ray Serve config's http_options (ssl_keyfile, ssl_certfile) or at the "
-       "load balancer")
 NO_UI = "mlxray serves the API only: no web UI, no static files"
 YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
         "the model's config.json instead")
@@ -44,8 +42,6 @@ REFUSED: tuple[Unhonored, ...] = (
               "mlxray has no speculative decoding"),
     Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
               "reranking is not supported by mlxray (it serves no reranking models)"),
-    Unhonored(("--ssl-key-file",), "LLAMA_ARG_SSL_KEY_FILE", TLS),
-    Unhonored(("--ssl-cert-file",), "LLAMA_ARG_SSL_CERT_FILE", TLS),
     Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
     Unhonored(("--yarn-ext-factor",), "LLAMA_ARG_YARN_EXT_FACTOR", YARN),
     Unhonored(("--yarn-attn-factor",), "LLAMA_ARG_YARN_ATTN_FACTOR", YARN),

@@ -1,7 +1,8 @@
 """llama-server's options about where and how the server runs, each with its meaning on MLX and
 Ray Serve: ``-ngl`` picks the device, ``-ub`` caps the prefill chunk, ``-to`` is Ray Serve's
-request timeout, ``-v``/``--log-disable``/``--log-file`` set the logging; ``-fa``, ``-t``,
-``-tb``, ``--threads-http``, ``--mlock`` and ``--log-colors`` are accepted and reported at start
+request timeout, ``--ssl-key-file``/``--ssl-cert-file`` its proxy's HTTPS,
+``-v``/``--log-disable``/``--log-file`` set the logging; ``-fa``, ``-t``, ``-tb``,
+``--threads-http``, ``--mlock`` and ``--log-colors`` are accepted and reported at start
 (a ``note``), because MLX or Ray Serve already does what they ask or has no such setting.
 """
 
@@ -70,6 +71,10 @@ def options(option: type) -> tuple:
         o(("-to", "--timeout"), "timeout", "LLAMA_ARG_TIMEOUT", int,
           "Ray Serve's request timeout in seconds (http_options.request_timeout_s: the whole "
           "request, not a socket read/write)"),
+        o(("--ssl-key-file",), "ssl_key_file", "LLAMA_ARG_SSL_KEY_FILE", str,
+          "PEM private key: HTTPS with --ssl-cert-file (Ray Serve's http_options.ssl_keyfile)"),
+        o(("--ssl-cert-file",), "ssl_cert_file", "LLAMA_ARG_SSL_CERT_FILE", str,
+          "PEM certificate: HTTPS with --ssl-key-file (Ray Serve's http_options.ssl_certfile)"),
         o(("--mlock",), "mlock", "LLAMA_ARG_MLOCK", None,
           "accepted: on Apple silicon the model's memory is always wired"),
         o(("--mmap",), "mmap", "LLAMA_ARG_MMAP", None,
@@ -105,7 +110,18 @@ def prefill_chunk(ns: Any) -> int:
 
 
 def http_options(ns: Any) -> dict[str, Any]:
-    return {} if ns.timeout is None else {"request_timeout_s": ns.timeout}
+    """Ray Serve's proxy settings: the request timeout, HTTPS (both files, or neither: the
+    reference then serves plain HTTP, Ray Serve refuses to start)."""
+    options: dict[str, Any] = {} if ns.timeout is None else {"request_timeout_s": ns.timeout}
+    key, cert = ns.ssl_key_file, ns.ssl_cert_file
+    if bool(key) != bool(cert):
+        given, missing = ("--ssl-key-file", "--ssl-cert-file") if key else (
+            "--ssl-cert-file", "--ssl-key-file")
+        raise ValueError(f"{given} without {missing}: HTTPS needs both (Ray Serve's proxy "
+                         "starts with both or neither)")
+    if key:
+        options.update(ssl_keyfile=key, ssl_certfile=cert)
+    return options
 
 
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity")

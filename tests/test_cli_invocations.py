@@ -78,6 +78,11 @@ INVOCATIONS = [
     ("-m {m} --host 0.0.0.0 --port 8081 -to 600 --api-key k --metrics --threads-http 8",
      {"args": {"api_key": "k", "metrics": True},
       "http": {"host": "0.0.0.0", "port": 8081, "request_timeout_s": 600}}),
+    # HTTPS on Ray Serve's proxy
+    ("-m {m} --host 0.0.0.0 --port 8443 --ssl-key-file /etc/mlxray/key.pem "
+     "--ssl-cert-file /etc/mlxray/cert.pem",
+     {"args": {}, "http": {"port": 8443, "ssl_keyfile": "/etc/mlxray/key.pem",
+                           "ssl_certfile": "/etc/mlxray/cert.pem"}}),
     # a memory line: --mlock --no-mmap
     ("-m {m} --mlock --no-mmap -ngl 99 -c 2048", {"args": {"n_ctx": 512}}),
     # logging: verbose, then disabled (the last wins), a log file, colors
@@ -175,6 +180,15 @@ def test_accepted_options_are_reported(capsys, caplog):
 def test_values_the_reference_refuses(argv, message):
     with pytest.raises(cli.Refused, match=message):
         cli.parse(argv, {})
+
+
+@pytest.mark.parametrize("flag", ["--ssl-key-file", "--ssl-cert-file"])
+def test_one_tls_file_alone_is_refused(flag, capsys):
+    """The reference serves plain HTTP then; Ray Serve's proxy would not start: say so."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["-m", MODEL, flag, "x.pem", "--dump-config"])
+    assert stopped.value.code == 2
+    assert "HTTPS needs both" in capsys.readouterr().err
 
 
 def test_rope_options_reach_the_loaded_model():

@@ -6,13 +6,18 @@ the other Ray clusters of the machine (other test sessions, other servers) are n
 
 CI runs two patterns: SIGTERM twice to mlxray's whole process group (systemd's stop sends the
 group SIGTERM: the raylet and the GCS die with the command) and SIGINT to make serve's group
-(Ctrl-C in a terminal). MLXRAY_SIGNAL_PATTERNS=all runs every command x signal x target.
+(Ctrl-C in a terminal). mlxray runs as a production line would, over HTTPS (--ssl-key-file,
+--ssl-cert-file: a certificate made for the test, which the client verifies).
+MLXRAY_SIGNAL_PATTERNS=all runs every command x signal x target.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import os
 import signal
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -31,10 +36,38 @@ ALL_PATTERNS = [(command, sig, target, times) for command in ("mlxray", "make se
 PATTERNS = ALL_PATTERNS if os.environ.get("MLXRAY_SIGNAL_PATTERNS") == "all" else CI_PATTERNS
 
 
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A key and a certificate for 127.0.0.1, valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_file, cert_file = folder / "key.pem", folder / "cert.pem"
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key_file, cert_file
+
+
 def command_line(command: str, port: int, tmp_path: Path) -> list[str]:
     if command == "mlxray":
+        key, cert = self_signed(tmp_path)
         return [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
-                str(port), "-np", "1", "-c", "256"]
+                str(port), "-np", "1", "-c", "256", "--ssl-key-file", str(key),
+                "--ssl-cert-file", str(cert)]
     config = tmp_path / "local.yaml"
     config.write_text((REPO / "configs" / "local.yaml").read_text()
                       .replace("port: 8000", f"port: {port}")
@@ -42,12 +75,13 @@ def command_line(command: str, port: int, tmp_path: Path) -> list[str]:
     return ["make", "--no-print-directory", "serve", f"CONFIG={config}"]
 
 
-def wait_healthy(launched: Launched, base: str, timeout: float = 400) -> None:
+def wait_healthy(launched: Launched, base: str, verify: ssl.SSLContext | bool = True,
+                 timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert launched.proc.poll() is None, launched.log.read_text()[-3000:]
         try:
-            if httpx.get(base + "/health", timeout=5).status_code == 200:
+            if httpx.get(base + "/health", timeout=5, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -64,7 +98,11 @@ def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, ta
     env["RAY_AUTH_MODE"] = "disabled"
     launched = Launched(command_line(command, port, tmp_path), REPO, env, tmp_path / "out.log")
     try:
-        wait_healthy(launched, f"http://127.0.0.1:{port}")
+        if command == "mlxray":  # HTTPS, the test's certificate trusted
+            trust = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+            wait_healthy(launched, f"https://127.0.0.1:{port}", trust)
+        else:
+            wait_healthy(launched, f"http://127.0.0.1:{port}")
         launched.sample()
         started = launched.alive()
         assert len(started) >= 5, describe(started)  # GCS, raylet, replicas, ...
