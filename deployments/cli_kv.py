@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.kv_quant import CACHE_TYPES
+from engine.types import CACHE_TYPES
 
 DEFAULT = "f16"  # llama-server's default of both
 

@@ -30,10 +30,9 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
+from .types import CACHE_TYPES, QUANTIZED_TYPES
+
 GROUP_SIZE = 32  # llama.cpp's q8_0 / q4_0 block
-QUANTIZED_TYPES = {"q8_0": 8, "q4_0": 4}
-UNQUANTIZED_TYPES = ("f32", "f16", "bf16")
-CACHE_TYPES = (*UNQUANTIZED_TYPES, *QUANTIZED_TYPES)
 
 Triple = tuple[mx.array, mx.array, mx.array]
 

@@ -246,3 +246,10 @@ class Gather:
     @property
     def off(self) -> bool:
         return self.floor_s <= 0 and self.per_sequence_s <= 0
+
+
+# llama.cpp's KV cache types (-ctk/-ctv) mlxray takes: the quantized ones with their bits (MLX's
+# affine groups of 32, engine/kv_quant.py), the others the unquantized cache in the model's dtype
+QUANTIZED_TYPES = {"q8_0": 8, "q4_0": 4}
+UNQUANTIZED_TYPES = ("f32", "f16", "bf16")
+CACHE_TYPES = (*UNQUANTIZED_TYPES, *QUANTIZED_TYPES)
