@@ -1,4 +1,5 @@
-"""llama-server's ``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v``: the KV cache's type.
+"""llama-server's ``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v``: the KV cache's type; and
+``-cram/--cache-ram``: the prefix cache's budget in MiB of KV arrays (engine/prefix_cache.py).
 
 ``q8_0`` and ``q4_0`` hold the cache quantized, 8 or 4 bits per value in groups of 32, batched
 (engine/kv_quant.py); ``f32``, ``f16`` and ``bf16`` are the unquantized cache, which MLX keeps in
@@ -31,13 +32,20 @@ def kv_options(option: type) -> tuple:
           help_text, check=_cache_type),
         o(("-ctv", "--cache-type-v"), "cache_type_v", "LLAMA_ARG_CACHE_TYPE_V", str,
           help_text, check=_cache_type),
+        o(("-cram", "--cache-ram"), "cache_ram", "LLAMA_ARG_CACHE_RAM", int,
+          "the prefix cache's KV arrays, in MiB (default: 8192, -1 - no limit, 0 - disable); "
+          "least recently used entries are evicted past it"),
     )
 
 
 def kv_fields(ns: argparse.Namespace) -> dict[str, Any]:
-    """GraphArgs' ``kv_cache_type``, when either flag names one other than the default."""
+    """GraphArgs' ``kv_cache_type``, when either flag names one other than the default, and
+    ``cache_ram_mib`` when -cram is given (any negative is llama-server's no limit)."""
     k, v = ns.cache_type_k or DEFAULT, ns.cache_type_v or DEFAULT
     if k != v:
         raise ValueError(f"-ctk {k} and -ctv {v}: the key and value cache types must be equal "
                          f"(MLX quantizes keys and values alike); give both -ctk {k} -ctv {k}")
-    return {} if k == DEFAULT else {"kv_cache_type": k}
+    fields: dict[str, Any] = {} if k == DEFAULT else {"kv_cache_type": k}
+    if ns.cache_ram is not None:
+        fields["cache_ram_mib"] = max(-1, ns.cache_ram)
+    return fields

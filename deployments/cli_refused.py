@@ -34,8 +34,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
               "each slot owns its KV cache: there is no shared KV buffer"),
     Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
-    Unhonored(("-cram", "--cache-ram"), "LLAMA_ARG_CACHE_RAM",
-              "the prefix cache is sized in entries (the config's cache_entries), not in MiB"),
     Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
     Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
     Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",

@@ -88,6 +88,10 @@ class GraphArgs(BaseModel):
                            "f32, f16, bf16 unquantized, in the model's dtype")
     cache_entries: int = Field(
         0, ge=0, description="prefix-cache entries, prompt snapshots included; 0: two per slot")
+    cache_ram_mib: int = Field(
+        8192, ge=-1, description="the prefix cache's KV arrays in MiB (-cram, --cache-ram): "
+                                 "least recently used entries are evicted past it; -1 no limit, "
+                                 "0 no prefix cache")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
         description="streams: after the first token, gather tokens for at least this long per "

@@ -69,7 +69,8 @@ def engine_config(args: GraphArgs):
     from engine.scheduler import EngineConfig
 
     return EngineConfig(n_parallel=args.n_parallel, n_ctx=args.n_ctx, n_batch=args.n_batch,
-                        cache_entries=args.cache_entries, max_queue=args.max_queue,
+                        cache_entries=args.cache_entries, cache_ram_mib=args.cache_ram_mib,
+                        max_queue=args.max_queue,
                         kv_cache_type=args.kv_cache_type)
 
 

@@ -34,8 +34,13 @@ class Hit:
 
 
 class PrefixCache:
-    def __init__(self, max_entries: int):
-        self._lru = LRUPromptCache(max_size=max(1, max_entries))
+    """At most ``max_entries`` entries and ``max_bytes`` bytes of KV arrays (None: no byte limit;
+    0: the cache keeps nothing, llama-server's ``--cache-ram 0``)."""
+
+    def __init__(self, max_entries: int, max_bytes: int | None = None):
+        self._max_bytes = max_bytes
+        limit = {} if max_bytes is None else {"max_bytes": max_bytes}
+        self._lru = LRUPromptCache(max_size=max(1, max_entries), **limit)
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -101,8 +106,13 @@ class PrefixCache:
         return max(stored, default=0)
 
     def store(self, tokens: list[int], cache: list[Any], key: str = _MODEL_KEY) -> None:
-        if tokens:
-            self._lru.insert_cache(key, list(tokens), cache)
+        """Keep ``cache`` under ``tokens``, evicting the least recently used entries until the
+        bounds hold; an entry larger than the whole byte budget is skipped, leaving the others
+        (as llama-server's prompt cache does)."""
+        if not tokens or (self._max_bytes is not None
+                          and sum(c.nbytes for c in cache) > self._max_bytes):
+            return
+        self._lru.insert_cache(key, list(tokens), cache)
 
     def clear(self) -> None:
         self._lru.trim_to(n_sequences=0)
@@ -119,6 +129,11 @@ class PrefixCache:
         order = self._lru._lru
         order.remove(key, tokens)
         order.push(key, tokens)
+
+
+def cache_bytes(cache_ram_mib: int) -> int | None:
+    """llama-server's --cache-ram N in bytes: N MiB, None for no limit (N < 0), 0 for none."""
+    return None if cache_ram_mib < 0 else cache_ram_mib * 1024 * 1024
 
 
 def _shortest_trimmable(node: dict) -> tuple[list[int], Any] | None:

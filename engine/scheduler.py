@@ -32,7 +32,7 @@ from .lora import AdaptedBatchGenerator, AdapterSet
 from .model import LoadedModel
 from .numerics import sampler_init_error
 from .penalties import Breakers, dry_breakers
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, cache_bytes
 from .retirement import Retirement
 from .sampling import resolve_seed
 from .stepping import Stepping
@@ -53,7 +53,8 @@ class Engine(Admission, Stepping, Retirement):
         self.config = config or EngineConfig()
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
         self.kv = KVLayout(loaded.model, self.config.kv_cache_type)  # a quantized one: -ctk
-        self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel)
+        self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel,
+                                        cache_bytes(self.config.cache_ram_mib))
         self.snapshots = Snapshots(loaded.model)
         self.adapters = AdapterSet(loaded.model)  # LoRA adapters, per sequence (engine/lora.py)
         self.grammars = GrammarCache(loaded.vocab.hf, self.vocab.n_vocab, self.vocab.eog_ids)

@@ -22,6 +22,7 @@ class EngineConfig:
     n_batch: int = 64  # prefill chunk, and the prompt tokens one step reads in all
     prefill_waves: bool = True  # a burst of prompts read n_batch tokens a step (prefill_waves.py)
     cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
+    cache_ram_mib: int = 8192  # the prefix cache's KV bytes, in MiB (--cache-ram); -1: no limit
     max_queue: int = 256  # waiting groups before new requests are refused
     kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
 

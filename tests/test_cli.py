@@ -66,7 +66,7 @@ def test_environment_variables_and_flag_precedence():
     (["--numa", "distribute"], {}, "--numa"),
     (["-ts", "1,1", "--mmproj", "a.gguf"], {}, "-ts, --mmproj"),
     (["--yarn-ext-factor=1"], {}, "--yarn-ext-factor"),
-    ([], {"LLAMA_ARG_CACHE_RAM": "0"}, "LLAMA_ARG_CACHE_RAM"),
+    ([], {"LLAMA_ARG_CACHE_REUSE": "256"}, "LLAMA_ARG_CACHE_REUSE"),
 ])
 def test_unhonored_options_are_refused_by_name(argv, environ, named):
     with pytest.raises(cli.Refused, match=f"does not honor these llama-server options: {named}"):

@@ -115,6 +115,9 @@ INVOCATIONS = [
      {"args": {"kv_cache_type": "q8_0", "n_ctx": 2048}}),
     ("-m {m} --cache-type-k q4_0 --cache-type-v q4_0 -np 1", {"args": {"kv_cache_type": "q4_0"}}),
     ("-m {m} -ctk f16 -ctv f16", {"args": {}, "absent": ["kv_cache_type"]}),
+    # a host short of memory: the prompt cache held to 2 GiB of KV arrays (-1: no limit)
+    ("-m {m} -np 4 --cache-ram 2048", {"args": {"cache_ram_mib": 2048, "n_parallel": 4}}),
+    ("-m {m} -cram -1", {"args": {"cache_ram_mib": -1}}),
     # the temperature's long spelling and the typical's
     ("-m {m} --temperature 0.3 --typical-p 0.5 --top-nsigma 1.5 --xtc-probability 0.5",
      {"args": {"temperature": 0.3, "sampling": {"typical_p": 0.5, "top_n_sigma": 1.5,
