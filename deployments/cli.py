@@ -27,7 +27,8 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import cli_hf, cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template
+from . import (cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template,
+               cli_url)
 from .cli_kv import kv_fields, kv_options
 from .cli_refused import REFUSED, TENSOR_SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
@@ -142,6 +143,7 @@ HONORED: tuple[Option, ...] = (
     *cli_sampling.options(Option),
     *cli_runtime.options(Option),
     *cli_rope.options(Option), *cli_shards.options(Option), *kv_options(Option),
+    *cli_url.options(Option),
 )
 
 
@@ -185,7 +187,7 @@ def _add(group: argparse._ArgumentGroup, opt: Option) -> None:
 
 # llama-server --help's groups: common, sampling, then the server's own ("example-specific")
 HELP_GROUPS = ("common", "sampling", "server")
-COMMON = {"model", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size", "batch_size",
+COMMON = {"model", "model_url", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size", "batch_size",
           "ubatch_size", "n_predict", "threads", "threads_batch", "n_gpu_layers", "flash_attn",
           "device", "mlock", "mmap", "verbose", "log_disable", "log_file", "log_colors", "lora",
           "lora_scaled", "context_shift", "cache_type_k", "cache_type_v"}
@@ -269,7 +271,7 @@ def _check_only(opt: Option, value: Any, argv: Sequence[str], environ: dict[str,
 
 def model_context(model_path: str) -> int:
     """The model's training context (llama-server's n_ctx for -c 0), from its config.json."""
-    if is_gguf(model_path):
+    if is_gguf(model_path) and Path(model_path).is_file():
         from engine.gguf.reader import context_length
 
         return context_length(model_path)
@@ -302,19 +304,19 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
         fields["reasoning_budget_tokens"] = ns.reasoning_budget
     if cli_runtime.device(ns) is not None:
         fields["device"] = cli_runtime.device(ns)
-    if ns.hf_repo:
-        fields["model"] = cli_hf.model(ns.hf_repo, not (ns.dump_config or ns.offline),
-                                       ns.hf_file)
-    elif ns.model:
-        fields["model"] = str(Path(ns.model).resolve()) if Path(ns.model).exists() else ns.model
+    fields.update(cli_url.model_fields(ns))
     fields.update(cli_lora.lora_fields(ns, ns.argv))
+    fields.update(cli_url.static_fields(ns))
     fields.update(cli_shards.shard_fields(ns))
     fields.update(cli_template.template_fields(ns))
     fields.update(kv_fields(ns))
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling
-    probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"})
+    # --dump-config with -mu: the file is not downloaded, its path is shown all the same
+    pending = {"model_pending": bool(ns.model_url and ns.dump_config)}
+    probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"},
+                                     context=pending)
     overrides = cli_rope.model_config(ns, probe.model_path)
     if overrides:
         fields["config_overrides"] = overrides
@@ -324,7 +326,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
             raise Refused(f"-c {total} leaves {total // parallel} tokens per slot for "
                           f"-np {parallel}")
         fields["n_ctx"] = total // parallel
-    return GraphArgs.model_validate(fields)
+    return GraphArgs.model_validate(fields, context=pending)
 
 
 def api_key_file(ns: argparse.Namespace) -> str | None:

@@ -22,9 +22,6 @@ MAIN_GPU = ("rank 0 of a sharded model runs in the model replica, on its device;
             "other ranks")
 KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
             "longest common prefix")
-DOWNLOAD = ("a URL is not fetched: -hf takes a Hugging Face repository (a GGUF one's quant, or "
-            "an mlx-community folder), -m a local folder or GGUF file")
-NO_UI = "mlxray serves the API only: no web UI, no static files"
 YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
         "the model's config.json instead")
 ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
@@ -34,13 +31,11 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
               "each slot owns its KV cache: there is no shared KV buffer"),
     Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
-    Unhonored(("-mu", "--model-url"), "LLAMA_ARG_MODEL_URL", DOWNLOAD),
     Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
     Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
               "mlxray has no speculative decoding"),
     Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
               "reranking is not supported by mlxray (it serves no reranking models)"),
-    Unhonored(("--path",), "LLAMA_ARG_STATIC_PATH", NO_UI),
     Unhonored(("--yarn-ext-factor",), "LLAMA_ARG_YARN_EXT_FACTOR", YARN),
     Unhonored(("--yarn-attn-factor",), "LLAMA_ARG_YARN_ATTN_FACTOR", YARN),
     Unhonored(("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", TENSOR_SPLIT),

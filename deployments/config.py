@@ -12,6 +12,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,7 +36,7 @@ PER_SEQUENCE_MS = 4.0
 MAX_INTERVAL_MS = 50.0
 # Settings of the whole application (the ingress's), never of one model: a ``models`` entry
 # may not set them, as llama-server's router keeps its API key from its model presets.
-APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui")
+APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui", "static_path")
 # Calls other than generation (readiness, model info, slots) that must get through a full queue.
 CONTROL_HEADROOM = 16
 
@@ -117,6 +118,9 @@ class GraphArgs(BaseModel):
         "none", description="embedding pooling (--pooling); none: the model's default here")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
     webui: bool = Field(True, description="serve the web page at / (--webui / --no-webui)")
+    static_path: str | None = Field(
+        None, description="folder of static files served at / instead of the built-in page "
+                          "(--path); index.html at /; off with webui: false, as the reference")
     adapters: tuple[str | dict[str, Any], ...] = Field(
         (), description="mlx-lm adapter folders loaded at start (--lora, --lora-scaled): a path, "
                         "or {path, scale (1.0), name (the folder's name)}; LoRA adapters are "
@@ -159,9 +163,10 @@ class GraphArgs(BaseModel):
         return check_sampling(sampling)
 
     @model_validator(mode="after")
-    def _check(self) -> GraphArgs:
+    def _check(self, info: ValidationInfo) -> GraphArgs:
         looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
-        if is_gguf(self.model) and not Path(self.model_path).is_file():
+        pending = (info.context or {}).get("model_pending")  # -mu with --dump-config
+        if is_gguf(self.model) and not pending and not Path(self.model_path).is_file():
             raise ValueError(f"GGUF file not found: {self.model}")
         if looks_local and not is_gguf(self.model) and not Path(self.model_path).is_dir():
             raise ValueError(f"model folder not found: {self.model}")

@@ -150,6 +150,11 @@ class Ingress(IngressBase):
     async def not_supported(self, request: Request) -> Response:
         return await unsupported.not_supported(self, request)
 
+    # last: --path's files at any other GET path (an unknown route answers 404 as before)
+    @app.get("/{path:path}")
+    async def static_file(self, request: Request, path: str) -> Response:
+        return await webui.static_file(self, request, path)
+
     # ---- Python callers (a DeploymentHandle, no HTTP): see README "From Python" ---------------
     async def complete(self, body: dict) -> Any:
         return await native.complete_handle(self, body)

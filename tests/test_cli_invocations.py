@@ -9,6 +9,9 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -16,13 +19,14 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from deployments import cli
+from deployments import cli, cli_url
 from tests.conftest import MODEL, REPO
 
 GGUF = REPO / "tests" / "fixtures" / "model.gguf"
 TEMPLATE_FILE = str(REPO / "models" / "tiny-python-tools.jinja")
 CARD_SAMPLING = {"top_k": 20, "top_p": 0.8, "min_p": 0.0}
 CHATML = "chatml"
+STATIC = str(REPO / "deployments" / "webui")
 
 # (command line, the config's parts it must produce: "args" (a subset of the application's
 # args), "http" (of http_options), "logging" (logging_config, absent when None))
@@ -122,11 +126,13 @@ INVOCATIONS = [
     ("-m {m} --temperature 0.3 --typical-p 0.5 --top-nsigma 1.5 --xtc-probability 0.5",
      {"args": {"temperature": 0.3, "sampling": {"typical_p": 0.5, "top_n_sigma": 1.5,
                                                 "xtc_probability": 0.5}}}),
+    # a custom UI: the folder's files at / instead of the built-in page
+    ("-m {m} --path {p}", {"args": {"static_path": STATIC}}),
 ]
 
 
 def dump_config(line: str, capsys: pytest.CaptureFixture, log: str = "") -> dict:
-    argv = line.format(m=MODEL, t=TEMPLATE_FILE, log=log).split() + ["--dump-config"]
+    argv = line.format(m=MODEL, t=TEMPLATE_FILE, log=log, p=STATIC).split() + ["--dump-config"]
     cli.main(argv)
     return yaml.safe_load(capsys.readouterr().out)
 
@@ -340,3 +346,64 @@ def test_hf_repo_from_the_hub_cache(tmp_path, monkeypatch, capsys):
         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert int(loaded.stdout.split()[-1]) > 0
+
+
+# ---- -mu from a local HTTP server ------------------------------------------------------------
+URL_PORT = 8460
+
+
+@pytest.fixture
+def gguf_server() -> Iterator[tuple[str, list[str]]]:
+    """tests/fixtures served over HTTP from a thread: its base URL and the methods it was
+    asked, in order."""
+    asked: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(GGUF.parent), **kwargs)
+
+        def send_head(self):
+            asked.append(self.command)
+            return super().send_head()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", URL_PORT), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{URL_PORT}", asked
+    server.shutdown()
+    server.server_close()
+
+
+def test_model_url_downloads_once_into_llama_cache(gguf_server, tmp_path, monkeypatch, capsys):
+    """-mu fetches the GGUF file into $LLAMA_CACHE before deploying (-m names where instead);
+    the same size already there is reused; --dump-config shows the path, fetching nothing."""
+    base, asked = gguf_server
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "cache"))
+    landed = tmp_path / "cache" / "model.gguf"
+    shown = dump_config(f"-mu {base}/model.gguf -c 64", capsys)["applications"][0]["args"]
+    assert shown["model"] == str(landed) and not landed.exists() and asked == []
+
+    def model(*argv: str) -> str:
+        return cli.graph_args(cli.parse(list(argv), dict(os.environ))).model
+
+    assert model("-mu", f"{base}/model.gguf") == str(landed)
+    assert landed.read_bytes() == GGUF.read_bytes() and asked == ["HEAD", "GET"]
+    landed.touch()
+    before = landed.stat().st_mtime_ns
+    assert model("--model-url", f"{base}/model.gguf") == str(landed)
+    assert landed.stat().st_mtime_ns == before and asked == ["HEAD", "GET", "HEAD"]
+    landed.write_bytes(b"truncated")  # another size: fetched again
+    monkeypatch.setenv("LLAMA_ARG_MODEL_URL", f"{base}/model.gguf")
+    assert model() == str(landed) and landed.read_bytes() == GGUF.read_bytes()
+    monkeypatch.delenv("LLAMA_ARG_MODEL_URL")
+    chosen = tmp_path / "mine.gguf"
+    assert model("-mu", f"{base}/model.gguf", "-m", str(chosen)) == str(chosen)
+    assert chosen.read_bytes() == GGUF.read_bytes()
+    with pytest.raises(ValueError, match="download failed: HTTP Error 404"):
+        model("-mu", f"{base}/absent.gguf")
+    with pytest.raises(ValueError, match="expected an http"):
+        model("-mu", "ftp://example.com/model.gguf")
+    assert cli_url.cache_dir({}) == Path.home() / ".cache" / "mlxray"

@@ -35,6 +35,22 @@ def no_webui_base(deploy_app) -> str:
                                   "webui": False})
 
 
+@pytest.fixture(scope="module")
+def static_base(deploy_app, tmp_path_factory) -> str:
+    """--path: a folder of its own files, a secret file beside it."""
+    root = tmp_path_factory.mktemp("static")
+    (root / "secret.txt").write_text("not served")
+    site = root / "site"
+    (site / "docs").mkdir(parents=True)
+    (site / "webui").mkdir()
+    (site / "index.html").write_text("<html><body>custom ui</body></html>")
+    (site / "docs" / "note.txt").write_text("a note")
+    (site / "docs" / "index.html").write_text("docs index")
+    (site / "webui" / "app.js").write_text("console.log('custom');")
+    return deploy_app("static", {"model": MODEL, "n_parallel": 1, "n_ctx": 256,
+                                 "static_path": str(site)})
+
+
 # ---- over HTTP -----------------------------------------------------------------------------
 def test_page_and_assets_are_public_and_resolve_under_the_route_prefix(webui_base):
     page = httpx.get(webui_base + "/")
@@ -82,6 +98,30 @@ def test_no_webui_answers_as_an_unknown_route(no_webui_base):
         assert answer.status_code == 404
         assert answer.json()["error"]["type"] == "not_found_error"
     assert httpx.get(no_webui_base + "/props").json()["ui"] is False
+
+
+def test_path_serves_the_folder_instead_of_the_page(static_base):
+    page = httpx.get(static_base + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.text == "<html><body>custom ui</body></html>"
+    assert httpx.get(static_base + "/index.html").text == page.text
+    note = httpx.get(static_base + "/docs/note.txt")
+    assert note.text == "a note" and note.headers["content-type"].startswith("text/plain")
+    assert httpx.get(static_base + "/docs/").text == "docs index"
+    assert httpx.get(static_base + "/webui/app.js").text == "console.log('custom');"
+    # the built-in page's assets are not there, nor anything outside the folder
+    for path in ("/webui/style.css", "/absent.html", "/%2E%2E/secret.txt",
+                 "/docs/%2E%2E/%2E%2E/secret.txt", "/..%2Fsecret.txt"):
+        answer = httpx.get(static_base + path)
+        assert answer.status_code == 404, path
+        assert answer.json()["error"]["type"] == "not_found_error"
+    # the API is unaffected
+    assert httpx.get(static_base + "/health").json() == {"status": "ok"}
+    assert httpx.get(static_base + "/props").json()["ui"] is True
+    assert httpx.get(static_base + "/completion").status_code == 404  # a POST-only route
+    out = httpx.post(static_base + "/completion", timeout=60,
+                     json={"prompt": "def f():\n", "n_predict": 3, "temperature": 0})
+    assert out.json()["tokens_predicted"] == 3
 
 
 # ---- in a browser --------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 turns it off and ``/`` answers 404 as an unknown route) and mlxray's ``GET /mlxray/status``, which
 gathers every model replica's state for the page's status view (deployments/status.py).
 
+With ``--path`` (``static_path``) the folder's files are served at / instead (index.html at /,
+others by path, never outside the folder, 404 otherwise), as llama-server's static mount.
+
 The page and its assets are public when an API key is set, as the reference keeps its UI assets
 public; the page asks for the key and sends it with its API calls, so the status route is not."""
 
@@ -12,7 +15,7 @@ import html
 from pathlib import Path
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
@@ -32,6 +35,8 @@ def _file(name: str) -> bytes:
 async def page(ingress: IngressBase, request: Request) -> Response:
     if not ingress.args.webui:
         raise HTTPException(404)
+    if ingress.args.static_path:
+        return await static_file(ingress, request, "index.html")
     # the page's relative URLs resolve under the application's route prefix (--api-prefix)
     base = html.escape(request.scope.get("root_path", "").rstrip("/") + "/", quote=True)
     text = _file("index.html").replace(b"<!--base-->", f'<base href="{base}">'.encode())
@@ -39,9 +44,26 @@ async def page(ingress: IngressBase, request: Request) -> Response:
 
 
 async def asset(ingress: IngressBase, request: Request, name: str) -> Response:
+    if ingress.args.webui and ingress.args.static_path:
+        return await static_file(ingress, request, f"webui/{name}")
     if not ingress.args.webui or name not in ASSETS:
         raise HTTPException(404)
     return Response(_file(name), media_type=ASSETS[name], headers=NO_CACHE)
+
+
+async def static_file(ingress: IngressBase, request: Request, path: str) -> Response:
+    """A file of the --path folder (a folder's index.html for a folder); any other path, or no
+    --path, answers 404 as an unknown route."""
+    folder = ingress.args.static_path
+    if not ingress.args.webui or not folder:
+        raise HTTPException(404)
+    root = Path(folder).resolve()
+    target = (root / path).resolve()
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.is_relative_to(root) or not target.is_file():
+        raise HTTPException(404)
+    return FileResponse(target, headers=NO_CACHE)
 
 
 async def status(ingress: IngressBase, request: Request) -> Response:
