@@ -27,8 +27,7 @@ import yaml
 from engine import device_choice
 from engine.gguf import is_gguf
 
-from . import (cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template,
-               cli_url)
+from . import cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template, cli_url
 from .cli_kv import kv_fields, kv_options
 from .cli_refused import REFUSED, TENSOR_SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
@@ -187,10 +186,10 @@ def _add(group: argparse._ArgumentGroup, opt: Option) -> None:
 
 # llama-server --help's groups: common, sampling, then the server's own ("example-specific")
 HELP_GROUPS = ("common", "sampling", "server")
-COMMON = {"model", "model_url", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size", "batch_size",
-          "ubatch_size", "n_predict", "threads", "threads_batch", "n_gpu_layers", "flash_attn",
-          "device", "mlock", "mmap", "verbose", "log_disable", "log_file", "log_colors", "lora",
-          "lora_scaled", "context_shift", "cache_type_k", "cache_type_v"}
+COMMON = {"model", "model_url", "hf_repo", "hf_file", "offline", "verbosity", "ctx_size",
+          "batch_size", "ubatch_size", "n_predict", "threads", "threads_batch", "n_gpu_layers",
+          "flash_attn", "device", "mlock", "mmap", "verbose", "log_disable", "log_file",
+          "log_colors", "lora", "lora_scaled", "context_shift", "cache_type_k", "cache_type_v"}
 
 
 def help_group(dest: str) -> str:
