@@ -120,8 +120,9 @@ def start_ray(ray, attempts: int = 3) -> None:
     window, so try again rather than fail the whole session."""
     for attempt in range(attempts):
         try:
-            # logical CPUs: several graphs of 3 deployments fit on a 2-core machine
-            ray.init(address="local", num_cpus=32, include_dashboard=False,
+            # logical CPUs, for accounting only: the suite's graphs stay deployed side by side
+            # (the zoo's models come last); 32 ran out once the suite had grown
+            ray.init(address="local", num_cpus=64, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
             return
         except Exception:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -85,9 +86,12 @@ def start_cluster(attempts: int = 3) -> tuple:
     raise AssertionError("unreachable")
 
 
-@pytest.fixture(scope="module")
-def scene() -> Iterator[Scene]:
+@contextmanager
+def serving(config_on_port: Callable[[int], dict]) -> Iterator[tuple]:
+    """(cluster, device nodes, base URL): ``start_cluster``'s nodes, Serve started on a free port
+    with ``config_on_port(port)`` deployed and healthy; everything stopped after."""
     import ray
+    from ray import serve
     from ray.serve._private import api as serve_api
     from ray.serve._private.constants import SERVE_NAMESPACE
     from ray.serve.schema import ServeDeploySchema
@@ -95,20 +99,24 @@ def scene() -> Iterator[Scene]:
     cluster, nodes = start_cluster()
     ray.init(address=cluster.address, namespace=SERVE_NAMESPACE, log_to_driver=False)
     port = free_port()
-    schema = ServeDeploySchema.model_validate(cluster_config(port))
+    schema = ServeDeploySchema.model_validate(config_on_port(port))
     client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
                                    proxy_location=schema.proxy_location)
     client.deploy_apps(schema, _blocking=False)
     base = f"http://127.0.0.1:{port}"
-    wait_healthy(base, timeout=240)
     try:
-        yield Scene(cluster, nodes, base)
+        wait_healthy(base, timeout=240)
+        yield cluster, nodes, base
     finally:
-        from ray import serve
-
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def scene() -> Iterator[Scene]:
+    with serving(cluster_config) as (cluster, nodes, base):
+        yield Scene(cluster, nodes, base)
 
 
 def complete(base: str, prompt: str, n_predict: int = 16) -> dict:

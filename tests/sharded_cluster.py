@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import MODEL, free_port, wait_healthy
-from tests.multinode_cluster import DEVICE, ON_HEAD, start_cluster
+from tests.conftest import MODEL
+from tests.multinode_cluster import DEVICE, ON_HEAD, serving
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((REPO / "configs" / "sharded.yaml").read_text())
@@ -43,28 +43,8 @@ def sharded_config(port: int) -> dict:
 
 @pytest.fixture(scope="module")
 def scene() -> Iterator[tuple[list, str]]:
-    import ray
-    from ray.serve._private import api as serve_api
-    from ray.serve._private.constants import SERVE_NAMESPACE
-    from ray.serve.schema import ServeDeploySchema
-
-    cluster, nodes = start_cluster()
-    ray.init(address=cluster.address, namespace=SERVE_NAMESPACE, log_to_driver=False)
-    port = free_port()
-    schema = ServeDeploySchema.model_validate(sharded_config(port))
-    client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
-                                   proxy_location=schema.proxy_location)
-    client.deploy_apps(schema, _blocking=False)
-    base = f"http://127.0.0.1:{port}"
-    wait_healthy(base, timeout=240)
-    try:
+    with serving(sharded_config) as (_, nodes, base):
         yield nodes, base
-    finally:
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_the_ranks_land_on_the_two_device_nodes_and_serve(scene):
