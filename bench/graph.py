@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +23,9 @@ import yaml
 from . import REPO
 from .ratios import RequestTiming
 from .workload import Workload, completion_body
+
+# one request streamed: (session, base URL, body) -> its timing
+StreamOne = Callable[[aiohttp.ClientSession, str, dict], Awaitable[RequestTiming]]
 
 Progress = Callable[[], None]
 
@@ -150,8 +153,9 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> R
     return RequestTiming(t_first - t0, t_last - t0, int(final["tokens_predicted"]), n_chunks)
 
 
-async def _closed_loop(base: str, bodies: list[dict], concurrency: int,
-                       progress: Progress) -> tuple[list[RequestTiming], float]:
+async def closed_loop(stream: StreamOne, base: str, bodies: list[dict], concurrency: int,
+                      progress: Progress) -> tuple[list[RequestTiming], float]:
+    """``bodies`` through ``stream``, ``concurrency`` requests in flight; (timings, wall time)."""
     pending = list(reversed(bodies))
     done: list[RequestTiming] = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -159,7 +163,7 @@ async def _closed_loop(base: str, bodies: list[dict], concurrency: int,
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         async def worker() -> None:
             while pending:
-                done.append(await stream_one(session, base, pending.pop()))
+                done.append(await stream(session, base, pending.pop()))
                 progress()
 
         start = time.perf_counter()
@@ -171,7 +175,7 @@ async def _closed_loop(base: str, bodies: list[dict], concurrency: int,
 def run_graph(base: str, work: Workload, concurrency: int, n_requests: int,
               progress: Progress) -> tuple[list[RequestTiming], float]:
     bodies = [work.body(i) for i in range(n_requests)]
-    return asyncio.run(_closed_loop(base, bodies, concurrency, progress))
+    return asyncio.run(closed_loop(stream_one, base, bodies, concurrency, progress))
 
 
 def run_prefix(base: str, prompts: list[list[int]],

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .graph import Progress, free_port, wait_healthy
+from .graph import Progress, closed_loop, free_port, wait_healthy
 from .ratios import RequestTiming
 
 EOS_BIAS = -1e9  # JSON has no -inf; greedy never picks a token this far down
@@ -104,25 +104,7 @@ async def stream_oai(session: aiohttp.ClientSession, base: str, body: dict) -> R
     return RequestTiming(t_first - t0, t_last - t0, n_tokens, n_chunks)
 
 
-async def _closed_loop(base: str, bodies: list[dict], concurrency: int,
-                       progress: Progress) -> tuple[list[RequestTiming], float]:
-    pending = list(reversed(bodies))
-    done: list[RequestTiming] = []
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=900)) as session:
-        async def worker() -> None:
-            while pending:
-                done.append(await stream_oai(session, base, pending.pop()))
-                progress()
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    return done, wall
-
-
 def run_oai(base: str, bodies: list[dict], concurrency: int,
             progress: Progress) -> tuple[list[RequestTiming], float]:
     """``bodies`` through ``base``'s /v1/completions, ``concurrency`` in flight (closed loop)."""
-    return asyncio.run(_closed_loop(base, bodies, concurrency, progress))
+    return asyncio.run(closed_loop(stream_oai, base, bodies, concurrency, progress))
