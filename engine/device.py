@@ -19,6 +19,21 @@ def engine_stream(device: mx.Device) -> mx.Stream:
     return mx.new_stream(device)
 
 
+def release_streams(stream: mx.Stream | None) -> None:
+    """Finish the loop thread's work and free its streams on that thread, before it exits.
+
+    Left to the thread's exit, MLX frees them in C++ thread-local destructors that run after
+    Python's ``join`` has returned: an interpreter exiting meanwhile tears down MLX's scheduler
+    under them, and the process aborts ("terminate called without an active exception", seen
+    once in CI at the end of an engine-only bench). ``mx.clear_streams`` is MLX's API for this.
+    """
+    try:
+        if stream is not None:
+            mx.synchronize(stream)
+    finally:
+        mx.clear_streams()
+
+
 class WiredLimit:
     """The recommended wired limit for as long as the engine runs (a no-op where MLX reports no
     recommended working set, as on CPUs)."""

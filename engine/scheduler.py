@@ -25,7 +25,7 @@ from .admission import Admission
 from .cache_snapshots import Snapshots
 from .chain import infill_vocab
 from .checks import check_prompt
-from .device import WiredLimit, engine_stream, without_wired_limit
+from .device import WiredLimit, engine_stream, release_streams, without_wired_limit
 from .grammar import GrammarCache, GrammarError
 from .kv_quant import KVLayout
 from .lora import AdaptedBatchGenerator, AdapterSet
@@ -94,6 +94,8 @@ class Engine(Admission, Stepping, Retirement):
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the engine loop did not stop within %.0f s", timeout)
 
     @property
     def alive(self) -> bool:
@@ -262,6 +264,7 @@ class Engine(Admission, Stepping, Retirement):
             self._fail_all(f"engine loop died: {exc}")
         finally:
             self._wired.restore(self._stream)
+            release_streams(self._stream)
 
     def _new_batch_generator(self) -> BatchGenerator:
         n = self.config.n_parallel
