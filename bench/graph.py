@@ -20,6 +20,8 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from deployments.launch import CLUSTER_ENV
+
 from . import REPO
 from .ratios import RequestTiming
 from .workload import Workload, completion_body
@@ -69,7 +71,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
                                          delete=False) as f:
             yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch), f)
-        env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        env = {**CLUSTER_ENV, **os.environ}
         env.setdefault("RAY_worker_niceness", WORKER_NICENESS)
         serve = Path(sys.executable).with_name("serve")
         log = open(log_path, "wb")

@@ -31,8 +31,8 @@ class ModelEndpoint:
 
     def __init__(self, shaper: DeploymentHandle, replica: DeploymentHandle, args: GraphArgs,
                  vocab: Vocab):
-        self.shaper = shaper
-        self.replica = replica
+        self.shaper = args.handle(shaper)
+        self.replica = args.handle(replica)
         self.args = args
         self.vocab = vocab
         self.defaults = server_defaults(

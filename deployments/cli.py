@@ -32,7 +32,7 @@ from .cli_kv import kv_fields, kv_options
 from .cli_refused import REFUSED, TENSOR_SPLIT, Unhonored  # noqa: F401 - the command's table
 from .config import GraphArgs, replica_ongoing_limit
 from .field_parsers import REASONING_FORMATS
-from .launch import run
+from .launch import cluster_env_defaults, run
 
 SEED_RANDOM = 0xFFFFFFFF
 APP_NAME = "mlxray"
@@ -384,8 +384,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster_env_defaults()
     try:
         ns = parse(sys.argv[1:] if argv is None else argv, dict(os.environ))
         config = serve_config(ns)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,9 @@ from .chat import CHATML
 from .defaults import check_sampling
 from .field_parsers import REASONING_FORMATS
 from .json_values import INT32_MAX
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
@@ -103,6 +106,11 @@ class GraphArgs(BaseModel):
                     "(0 with stream_interval_ms 0: every token leaves at once, as llama-server)")
     stream_interval_max_ms: float = Field(
         MAX_INTERVAL_MS, ge=0.0, le=1000.0, description="streams: the longest gather interval")
+    handle_transport: Literal["grpc", "ray"] = Field(
+        "grpc", description="how the graph's deployments call each other: grpc (Ray Serve's "
+                            "inter-deployment gRPC, arguments and stream items by value: about "
+                            "half the CPU per streamed item, docs/performance.md) or ray (Ray "
+                            "object references, Serve's default)")
     max_queue: int = Field(256, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")
@@ -278,6 +286,10 @@ class GraphArgs(BaseModel):
             if candidate.is_file():
                 return candidate.read_text()
         return None
+
+    def handle(self, handle: DeploymentHandle) -> DeploymentHandle:
+        """``handle`` with this graph's transport."""
+        return handle.options(_by_reference=self.handle_transport == "ray")
 
     @property
     def gather(self) -> Gather:

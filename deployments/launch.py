@@ -269,14 +269,26 @@ def _leave_joined_cluster() -> None:
         ray.shutdown()
 
 
+# Ray settings for a cluster the command starts (a variable already set wins): token auth off on
+# a local cluster, no usage reports, and the HTTP proxy calling the ingress over Ray Serve's
+# gRPC, by value, as the graph's own handles do (GraphArgs.handle_transport): less CPU per
+# streamed item (docs/performance.md, "Where the cost is").
+CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_SERVE_PROXY_USE_GRPC": "1"}
+
+
+def cluster_env_defaults() -> None:
+    for name, value in CLUSTER_ENV.items():
+        os.environ.setdefault(name, value)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m deployments.launch",
                                 description="Serve a Ray Serve config file (as `serve run` "
                                 "does) and stop every process it started on SIGTERM or SIGINT.")
     p.add_argument("config", help="a Ray Serve config file, e.g. configs/local.yaml")
     args = p.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster_env_defaults()
     with open(args.config) as f:
         run(yaml.safe_load(f))
 

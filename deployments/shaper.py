@@ -27,7 +27,7 @@ def _error(ev: ErrorEvent) -> ApiError:
 @serve.deployment(name="ResponseShaper", max_ongoing_requests=1000)
 class ResponseShaper:
     def __init__(self, replica: DeploymentHandle, args: GraphArgs):
-        self.replica = replica.options(stream=True)
+        self.replica = args.handle(replica).options(stream=True)
         self.model_name = args.model_name
 
     def _events(self, params: CompletionParams, prompts: list[list[int]]):

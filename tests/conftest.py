@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deployments.launch import cluster_env_defaults
+
 from .zoo import zoo  # noqa: F401 - the session's model zoo (small random-weight folders)
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+cluster_env_defaults()  # the cluster the suite starts is set up as the command's
 os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
 
 REPO = Path(__file__).resolve().parent.parent
