@@ -29,7 +29,12 @@ from engine.gguf import is_gguf
 
 from . import cli_lora, cli_rope, cli_runtime, cli_sampling, cli_shards, cli_template, cli_url
 from .cli_kv import kv_fields, kv_options
-from .cli_refused import REFUSED, TENSOR_SPLIT, Unhonored  # noqa: F401 - the command's table
+from .cli_refused import (  # noqa: F401 - the command's table
+    REFUSED,
+    TENSOR_SPLIT,
+    Refused,
+    Unhonored,
+)
 from .config import GraphArgs, replica_ongoing_limit
 from .field_parsers import REASONING_FORMATS
 from .launch import cluster_env_defaults, run
@@ -148,11 +153,6 @@ HONORED: tuple[Option, ...] = (
 
 DEFAULTS = {"host": "127.0.0.1", "port": 8080, "parallel": -1, "ctx_size": 0,
             "batch_size": 2048, "n_predict": -1, "temp": 0.8, "seed": -1}
-
-
-class Refused(Exception):
-    """A command line mlxray will not run; ``main`` prints it and exits with status 2, as
-    argparse does for its own usage errors."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -291,7 +291,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
                               "slots": ns.slots is not False, "cache_prompt": ns.cache_prompt
                               is not False, "alias": ns.alias, "api_key": ns.api_key,
-                              "api_key_file": api_key_file(ns),
+                              "api_key_file": cli_runtime.api_key_file(ns),
                               "embeddings": bool(ns.embeddings),
                               "slot_save_path": ns.slot_save_path,
                               "webui": ns.webui is not False}
@@ -328,28 +328,6 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     return GraphArgs.model_validate(fields, context=pending)
 
 
-def api_key_file(ns: argparse.Namespace) -> str | None:
-    """--api-key-file as an absolute path the ingress reads at start (the keys themselves stay
-    out of the serve config, ``serve config`` and the dashboard); a file that cannot be read
-    stops the command, as llama-server's "failed to open file"."""
-    if not ns.api_key_file:
-        return None
-    path = Path(ns.api_key_file).resolve()
-    try:
-        path.read_text()
-    except OSError as exc:
-        raise Refused(f"--api-key-file: failed to open file '{ns.api_key_file}': {exc}") from None
-    return str(path)
-
-
-def route_prefix(ns: argparse.Namespace) -> str:
-    """--api-prefix as Ray Serve's route prefix (``/`` without one)."""
-    prefix = (ns.api_prefix or "").rstrip("/")
-    if prefix and not prefix.startswith("/"):
-        raise Refused(f"--api-prefix {ns.api_prefix!r} must start with /")
-    return prefix or "/"
-
-
 # what the shipped configs set (configs/local.yaml): user code and the handle router on each
 # replica's own event loop, measured in docs/performance.md
 REPLICA_LOOP_ENV = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
@@ -369,7 +347,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
         **({"logging_config": logging} if logging else {}),
         "applications": [{
             "name": APP_NAME,
-            "route_prefix": route_prefix(ns),
+            "route_prefix": cli_runtime.route_prefix(ns),
             "import_path": "deployments.graph:build_app",
             "runtime_env": REPLICA_LOOP_ENV,
             "args": args,

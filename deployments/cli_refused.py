@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class Refused(Exception):
+    """A command line mlxray will not run; ``main`` prints it and exits with status 2, as
+    argparse does for its own usage errors."""
+
+
 @dataclass(frozen=True)
 class Unhonored:
     """A llama-server option mlxray refuses: every spelling of it, its environment variable and

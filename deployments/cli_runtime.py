@@ -9,7 +9,10 @@ request timeout, ``--ssl-key-file``/``--ssl-cert-file`` its proxy's HTTPS,
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
+
+from .cli_refused import Refused
 
 TRUTHY = ("on", "enabled", "true", "1")
 FALSEY = ("off", "disabled", "false", "0")
@@ -175,3 +178,26 @@ def configure_logging(ns: Any) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         log.addHandler(handler)
     log.setLevel(logging_config(ns).get("log_level", "INFO"))
+
+
+def api_key_file(ns: Any) -> str | None:
+    """--api-key-file as an absolute path the ingress reads at start (the keys themselves stay
+    out of the serve config, ``serve config`` and the dashboard); a file that cannot be read
+    stops the command, as llama-server's "failed to open file"."""
+    if not ns.api_key_file:
+        return None
+    path = Path(ns.api_key_file).resolve()
+    try:
+        path.read_text()
+    except OSError as exc:
+        raise Refused(f"--api-key-file: failed to open file '{ns.api_key_file}': "
+                      f"{exc}") from None
+    return str(path)
+
+
+def route_prefix(ns: Any) -> str:
+    """--api-prefix as Ray Serve's route prefix (``/`` without one)."""
+    prefix = (ns.api_prefix or "").rstrip("/")
+    if prefix and not prefix.startswith("/"):
+        raise Refused(f"--api-prefix {ns.api_prefix!r} must start with /")
+    return prefix or "/"
