@@ -31,8 +31,8 @@ class ModelEndpoint:
 
     def __init__(self, shaper: DeploymentHandle, replica: DeploymentHandle, args: GraphArgs,
                  vocab: Vocab):
-        self.shaper = args.handle(shaper)
-        self.replica = args.handle(replica)
+        self.shaper = shaper
+        self.replica = replica
         self.args = args
         self.vocab = vocab
         self.defaults = server_defaults(
@@ -90,7 +90,8 @@ class IngressBase:
             path = model_args.model_path
             if path not in vocabs:  # the same weights under several names share a tokenizer
                 vocabs[path] = load_vocab(path)
-            self.models.append(ModelEndpoint(shaper, replica, model_args, vocabs[path]))
+            self.models.append(ModelEndpoint(model_args.handle(shaper), model_args.handle(replica),
+                                             model_args, vocabs[path]))
         self.by_name = {m.name: m for m in self.models}
         self.api_keys = api_keys(args)
         self.started = time.time()

@@ -8,6 +8,7 @@ process of its own, configs/sharded.yaml on a cluster of two device nodes: one r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -36,13 +37,29 @@ def expected() -> list[list[int]]:
     return [conftest.mlx_lm_ids(model, p, N) for p in PROMPTS]
 
 
-@pytest.fixture(scope="module", params=["pipeline", "tensor"])
-def sharded(request, serve_instance: int):
-    name = f"sharded-{request.param}"
-    args = {"shards": 2, "shard_mode": request.param, "n_parallel": 4, "n_ctx": 512,
-            "device": "cpu"}
-    with dedicated_app(serve_instance, name, args, {"health_check_period_s": 1}) as base:
-        yield name, base
+@pytest.fixture(scope="module")
+def sharded_app(serve_instance: int):
+    """(name, base URL) of the sharded application of a split, started on first use; both stay
+    up for the module."""
+    with contextlib.ExitStack() as stack:
+        started: dict[str, tuple[str, str]] = {}
+
+        def app(mode: str) -> tuple[str, str]:
+            if mode not in started:
+                name = f"sharded-{mode}"
+                args = {"shards": 2, "shard_mode": mode, "n_parallel": 4, "n_ctx": 512,
+                        "device": "cpu"}
+                base = stack.enter_context(dedicated_app(serve_instance, name, args,
+                                                         {"health_check_period_s": 1}))
+                started[mode] = (name, base)
+            return started[mode]
+
+        yield app
+
+
+@pytest.fixture(params=["pipeline", "tensor"])
+def sharded(request, sharded_app) -> tuple[str, str]:
+    return sharded_app(request.param)
 
 
 async def _completion(client: httpx.AsyncClient, prompt: list[int]) -> list[int]:
@@ -96,13 +113,11 @@ def assert_lockstep(name: str) -> None:
     assert {k: rank[k] for k in LOCKSTEP_KEYS} == {k: state[k] for k in LOCKSTEP_KEYS}
 
 
-def test_seeded_sampling_equals_the_unsharded_replica(sharded, base_url):
+def test_seeded_sampling_equals_the_unsharded_replica(sharded_app, base_url):
     """A seeded request samples the same tokens as on the suite's unsharded replica: the seed
     travels with the request to every rank. The pipeline split computes the same logits bit for
-    bit (tensor sums partial products in another order, so a draw may land apart)."""
-    name, base = sharded
-    if name != "sharded-pipeline":
-        pytest.skip("bit-exact logits only with the pipeline split")
+    bit (tensor sums partial products in another order, so a draw may land apart: not asked)."""
+    _, base = sharded_app("pipeline")
     seeded = {"seed": 1234, "temperature": 1.0, "n_predict": N, "ignore_eos": True,
               "return_tokens": True, "cache_prompt": False}
 
@@ -152,10 +167,10 @@ def test_work_outside_the_lockstep_is_refused(sharded):
     assert answer["error"]["code"] == 501
 
 
-def test_a_rank_killed_mid_stream_fails_the_replica_and_serve_replaces_it(sharded):
-    name, base = sharded
-    if name != "sharded-tensor":
-        pytest.skip("one kill is enough: done on the tensor split")
+def test_a_rank_killed_mid_stream_fails_the_replica_and_serve_replaces_it(sharded_app):
+    """On the tensor split (the kill is the same for both): the stream ends with an error frame
+    and Serve brings a whole new replica up."""
+    name, base = sharded_app("tensor")
     state = engine_state(name)
     pid, rank_pid = state["pid"], state["shard_pids"][0]
     endless = {"prompt": [5, 6, 7], "n_predict": 100000, "ignore_eos": True, "stream": True,
