@@ -32,13 +32,6 @@ StreamOne = Callable[[aiohttp.ClientSession, str, dict], Awaitable[RequestTiming
 Progress = Callable[[], None]
 
 
-# Ray starts its workers (every deployment replica, the HTTP proxy) at nice 15; the engines
-# driven in this process and mlx_lm.server run at 0. On a shared machine the neighbours' load
-# then takes the CPU from the graph first, and the comparison measures the nice levels: the
-# bench's serve run gives its workers the others' niceness (RAY_worker_niceness overrides it).
-WORKER_NICENESS = "0"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -71,8 +64,10 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
                                          delete=False) as f:
             yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch), f)
+        # mlxray's cluster settings: the proxy's gRPC, and the workers at nice 0 like the
+        # engines driven here and mlx_lm.server (Ray's own default, 15, would measure the nice
+        # levels on a shared machine)
         env = {**CLUSTER_ENV, **os.environ}
-        env.setdefault("RAY_worker_niceness", WORKER_NICENESS)
         serve = Path(sys.executable).with_name("serve")
         log = open(log_path, "wb")
         proc = subprocess.Popen([str(serve), "run", "--address", "local", f.name], cwd=REPO,

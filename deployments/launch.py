@@ -270,11 +270,12 @@ def _leave_joined_cluster() -> None:
 
 
 # Ray settings for a cluster the command starts (a variable already set wins): token auth off on
-# a local cluster, no usage reports, and the HTTP proxy calling the ingress over Ray Serve's
-# gRPC, by value, as the graph's own handles do (GraphArgs.handle_transport): less CPU per
-# streamed item (docs/performance.md, "Where the cost is").
+# a local cluster, no usage reports, the HTTP proxy calling the ingress over Ray Serve's gRPC, by
+# value, as the graph's own handles do (GraphArgs.handle_transport: less CPU per streamed item),
+# and the replicas at the niceness of the command itself, as llama-server and mlx_lm.server run,
+# not Ray's 15 for workers (docs/performance.md, "Where the cost is").
 CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_SERVE_PROXY_USE_GRPC": "1"}
+               "RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_worker_niceness": "0"}
 
 
 def cluster_env_defaults() -> None:

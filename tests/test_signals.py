@@ -13,6 +13,7 @@ MLXRAY_SIGNAL_PATTERNS=all runs every command x signal x target.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -23,7 +24,10 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
+
+from deployments.launch import CLUSTER_ENV
 
 from .conftest import REPO, free_port
 from .processes import Launched, describe
@@ -89,13 +93,31 @@ def wait_healthy(launched: Launched, base: str, verify: ssl.SSLContext | bool = 
     raise TimeoutError(f"{base} did not become healthy")
 
 
+def assert_cluster_settings(started: list[psutil.Process]) -> None:
+    """The cluster's Ray workers (replicas, the HTTP proxy) run at nice 0 and the proxy calls
+    the ingress over gRPC: the command's own settings, not inherited from the test."""
+    workers = {}
+    for proc in started:
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(proc.cmdline())
+            if title.startswith("ray::"):
+                workers[title] = proc
+    assert any("ProxyActor" in title for title in workers), list(workers)
+    assert any("ModelReplica" in title for title in workers), list(workers)
+    for title, proc in workers.items():
+        assert proc.nice() == 0, title
+        if "ProxyActor" in title:
+            assert proc.environ().get("RAY_SERVE_PROXY_USE_GRPC") == "1", title
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize(("command", "sig", "target", "times"), PATTERNS,
                          ids=lambda v: str(v).replace(" ", "-"))
 def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, target, times):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "LLAMA_"))}
-    env["RAY_AUTH_MODE"] = "disabled"
+    # what the command must set itself (deployments/launch.CLUSTER_ENV) is not inherited
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV}
     launched = Launched(command_line(command, port, tmp_path), REPO, env, tmp_path / "out.log")
     try:
         if command == "mlxray":  # HTTPS, the test's certificate trusted
@@ -106,6 +128,7 @@ def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, ta
         launched.sample()
         started = launched.alive()
         assert len(started) >= 5, describe(started)  # GCS, raylet, replicas, ...
+        assert_cluster_settings(started)
         for i in range(times):
             if i:
                 time.sleep(1.0)
