@@ -37,7 +37,7 @@ from .cli_refused import (  # noqa: F401 - the command's table
 )
 from .config import GraphArgs, replica_ongoing_limit
 from .field_parsers import REASONING_FORMATS
-from .launch import cluster_env_defaults, run
+from .launch import GRPC_MESSAGE_ENV, cluster_env_defaults, run
 
 SEED_RANDOM = 0xFFFFFFFF
 APP_NAME = "mlxray"
@@ -329,9 +329,10 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
 
 
 # what the shipped configs set (configs/local.yaml): user code and the handle router on each
-# replica's own event loop, measured in docs/performance.md
+# replica's own event loop, and gRPC messages up to gRPC's 2 GiB (launch.GRPC_MESSAGE_ENV)
 REPLICA_LOOP_ENV = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-                                 "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}}
+                                 "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+                                 **GRPC_MESSAGE_ENV}}
 
 
 def serve_config(ns: argparse.Namespace) -> dict:

@@ -274,8 +274,13 @@ def _leave_joined_cluster() -> None:
 # value, as the graph's own handles do (GraphArgs.handle_transport: less CPU per streamed item),
 # and the replicas at the niceness of the command itself, as llama-server and mlx_lm.server run,
 # not Ray's 15 for workers (docs/performance.md, "Where the cost is").
+# Serve caps a gRPC message at 4 MiB, on the replica's server and on the caller's channel alike: a
+# request of many long prompts, or a large answer (embeddings, probabilities), would fail with
+# RESOURCE_EXHAUSTED. Every Serve process gets gRPC's own limit (the application's runtime_env
+# carries it too, for clusters the command does not start).
+GRPC_MESSAGE_ENV = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1)}
 CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_worker_niceness": "0"}
+               "RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_worker_niceness": "0", **GRPC_MESSAGE_ENV}
 
 
 def cluster_env_defaults() -> None:

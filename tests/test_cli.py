@@ -207,7 +207,9 @@ def test_dump_config_carries_the_shipped_configs_runtime_env(capsys):
     cli.main(["-m", MODEL, "--dump-config"])
     dumped = yaml.safe_load(capsys.readouterr().out)["applications"][0]["runtime_env"]
     assert dumped["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
-    for name in ("local.yaml", "conformance.yaml", "multi-model.yaml"):
+    assert dumped["env_vars"]["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"] == str(2**31 - 1)
+    for name in ("local.yaml", "conformance.yaml", "multi-model.yaml", "cluster.yaml",
+                 "sharded.yaml", "autoscale.yaml"):
         shipped = yaml.safe_load((REPO / "configs" / name).read_text())["applications"]
         assert all(app["runtime_env"] == dumped for app in shipped), name
 

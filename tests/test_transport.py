@@ -66,3 +66,40 @@ def test_a_client_gone_mid_stream_frees_its_slot(which, base_url, by_reference):
     asyncio.run(read_a_little_and_leave())
     conftest.wait_for(lambda: engine_state(app)["n_active"] == 0, timeout=30,
                       what="the slot freed")
+
+
+def replica_handle(app: str, stream: bool):
+    from ray import serve
+
+    handle = serve.get_deployment_handle("ModelReplica", app_name=app)
+    return GraphArgs().handle(handle).options(stream=stream)
+
+
+def test_a_call_over_4_mib_reaches_the_replica(base_url):
+    """Serve caps a gRPC message at 4 MiB unless told otherwise (CLUSTER_ENV and the configs'
+    runtime_env raise it): 2M prompt tokens (5 MiB pickled) get the engine's own answer, the
+    context refusal, not RESOURCE_EXHAUSTED."""
+    from deployments.base import ModelEndpoint
+    from deployments.routes.native import prepare
+    from engine.vocab import load_vocab
+
+    args = GraphArgs(model=conftest.MODEL)
+    params, _ = prepare(ModelEndpoint(None, None, args, load_vocab(args.model_path)),
+                        {"prompt": "x", "n_predict": 1})
+    prompts = [[5 + (i + j) % 1000 for j in range(100_000)] for i in range(20)]
+
+    async def first_batch():
+        async for batch in replica_handle("conformance", stream=True).generate.remote(params,
+                                                                                      prompts):
+            return batch
+
+    (event,) = asyncio.run(first_batch())
+    assert event.code == 400 and "exceeds the available context size" in event.message
+
+
+def test_an_answer_over_4_mib_comes_back(base_url):
+    """1,500 prompts' per-token embeddings: about 5 MiB back from the replica."""
+    prompts = [[5 + i % 900, 6, 7] for i in range(1500)]
+    answer = replica_handle("conformance", stream=False).embed.remote(prompts, "none")
+    vectors = answer.result(timeout_s=120)["result"]
+    assert len(vectors) == 1500 and len(vectors[0]) == 3
