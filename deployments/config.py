@@ -107,10 +107,11 @@ class GraphArgs(BaseModel):
     stream_interval_max_ms: float = Field(
         MAX_INTERVAL_MS, ge=0.0, le=1000.0, description="streams: the longest gather interval")
     handle_transport: Literal["grpc", "ray"] = Field(
-        "grpc", description="how the graph's deployments call each other: grpc (Ray Serve's "
-                            "inter-deployment gRPC, arguments and stream items by value: about "
-                            "half the CPU per streamed item, docs/performance.md) or ray (Ray "
-                            "object references, Serve's default)")
+        "grpc", description="how the ingress, the response shapers and the model replicas "
+                            "call each other: grpc (Ray Serve's inter-deployment gRPC, "
+                            "arguments and stream items by value: about a third less CPU per "
+                            "token, docs/performance.md) or ray (Ray object references, Serve's "
+                            "default); the status board's reports stay on object references")
     max_queue: int = Field(256, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")

@@ -263,8 +263,10 @@ class Engine(Admission, Stepping, Retirement):
             self.error = exc
             self._fail_all(f"engine loop died: {exc}")
         finally:
-            self._wired.restore(self._stream)
-            release_streams(self._stream)
+            try:
+                self._wired.restore(self._stream)
+            finally:
+                release_streams(self._stream)
 
     def _new_batch_generator(self) -> BatchGenerator:
         n = self.config.n_parallel

@@ -94,8 +94,9 @@ def wait_healthy(launched: Launched, base: str, verify: ssl.SSLContext | bool = 
 
 
 def assert_cluster_settings(started: list[psutil.Process]) -> None:
-    """The cluster's Ray workers (replicas, the HTTP proxy) run at nice 0 and the proxy calls
-    the ingress over gRPC: the command's own settings, not inherited from the test."""
+    """The cluster's Ray workers (replicas, the HTTP proxy) run at the command's niceness, not
+    Ray's +15, and the proxy calls the ingress over gRPC with gRPC's message cap: the command's
+    own settings, not inherited from the test."""
     workers = {}
     for proc in started:
         with contextlib.suppress(psutil.Error):
@@ -104,10 +105,13 @@ def assert_cluster_settings(started: list[psutil.Process]) -> None:
                 workers[title] = proc
     assert any("ProxyActor" in title for title in workers), list(workers)
     assert any("ModelReplica" in title for title in workers), list(workers)
+    own = psutil.Process().nice()  # the command inherits the test's niceness, its workers too
     for title, proc in workers.items():
-        assert proc.nice() == 0, title
+        assert proc.nice() == own, title
         if "ProxyActor" in title:
-            assert proc.environ().get("RAY_SERVE_PROXY_USE_GRPC") == "1", title
+            env = proc.environ()
+            assert env.get("RAY_SERVE_PROXY_USE_GRPC") == "1", title
+            assert env.get("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH") == str(2**31 - 1), title
 
 
 @pytest.mark.heavy

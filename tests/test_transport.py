@@ -39,9 +39,15 @@ def by_reference(serve_instance: int):
         yield base
 
 
-def test_grpc_is_the_default():
-    assert GraphArgs().handle_transport == "grpc"
-    assert GraphArgs.model_validate({"handle_transport": "ray"}).handle_transport == "ray"
+def test_grpc_is_the_default(base_url):
+    """The handles the graph builds carry the transport: by value over gRPC unless told ``ray``."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("ResponseShaper", app_name="conformance")
+    assert GraphArgs().handle(handle).handle_options._by_reference is False
+    by_ref = GraphArgs.model_validate({"handle_transport": "ray"}).handle(handle)
+    assert by_ref.handle_options._by_reference is True
+    assert GraphArgs().handle(handle).options(stream=True).handle_options._by_reference is False
     with pytest.raises(ValueError):
         GraphArgs.model_validate({"handle_transport": "pigeon"})
 
@@ -54,8 +60,11 @@ def test_both_transports_answer_alike(base_url, by_reference):
 
 @pytest.mark.parametrize("which", ["grpc", "ray"])
 def test_a_client_gone_mid_stream_frees_its_slot(which, base_url, by_reference):
+    """The stream would run to the slot's context (2,048 tokens): the engine counts it cancelled,
+    and the slot is free well before the end it would have reached."""
     base, app = (base_url, "conformance") if which == "grpc" else (by_reference, "transport-ray")
     endless = {"prompt": [5, 6, 7], "n_predict": 100000, "ignore_eos": True, "stream": True}
+    cancelled = engine_state(app)["n_cancelled"]
 
     async def read_a_little_and_leave():
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:
@@ -64,7 +73,10 @@ def test_a_client_gone_mid_stream_frees_its_slot(which, base_url, by_reference):
                     break
 
     asyncio.run(read_a_little_and_leave())
-    conftest.wait_for(lambda: engine_state(app)["n_active"] == 0, timeout=30,
+    state = conftest.wait_for(lambda: (s := engine_state(app))["n_cancelled"] > cancelled and s,
+                              timeout=30, what="the request cancelled")
+    assert state["n_cancelled"] == cancelled + 1
+    conftest.wait_for(lambda: engine_state(app)["n_active"] == 0, timeout=10,
                       what="the slot freed")
 
 
