@@ -4,6 +4,7 @@ HTTP by an aiohttp client, ``concurrency`` requests in flight; stopped by its PI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -84,7 +85,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
             yield base, proc.pid
             return
         finally:
-            _stop(proc)
+            stop_group(proc, signal.SIGINT, grace=30)  # serve run shuts its cluster down
             log.close()
             os.unlink(f.name)
 
@@ -109,18 +110,19 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float, log_path: Pa
     raise TimeoutError(f"{base} did not become healthy in {timeout:.0f} s; see {log_path}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGINT first (serve run shuts its cluster down), then SIGKILL to the process group."""
+def stop_group(proc: subprocess.Popen, first: int = signal.SIGTERM, grace: float = 15.0) -> None:
+    """``first`` to the process group of a server started in a session of its own, then, after
+    ``grace`` seconds at most, SIGKILL to whatever is left of it (children that outlived the
+    leader included)."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, first)
         try:
-            proc.wait(30)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 

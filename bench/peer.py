@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .graph import Progress, closed_loop, free_port, wait_healthy
+from .graph import Progress, closed_loop, free_port, stop_group, wait_healthy
 from .ratios import RequestTiming
 
 EOS_BIAS = -1e9  # JSON has no -inf; greedy never picks a token this far down
@@ -47,24 +45,6 @@ def serve_peer(model: str, n_parallel: int, log_path: Path,
             yield base, proc.pid
         finally:
             stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM to the process group, then SIGKILL to whatever is left of it."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
-    try:  # children that outlived the leader
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def oai_body(prompt: str, n_tokens: int, eog_ids: list[int]) -> dict:
