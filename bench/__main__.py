@@ -49,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="output path without suffix (default docs/bench/latest, "
                         "docs/bench/quick with --quick)")
     p.add_argument("--quick", action="store_true", help="fewer, shorter requests (< 3 minutes)")
-    p.add_argument("--no-graph", action="store_true", help="skip the serve run (engine only)")
+    p.add_argument("--no-graph", action="store_true", help="skip the graph (engine only)")
+    p.add_argument("--serve-proxy", action="store_true",
+                   help="the graph's HTTP through Ray Serve's proxy, not the ingress replica")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's BatchGenerator")
     p.add_argument("--no-peer", action="store_true",
                    help="skip mlx_lm.server and the graph driven by the same OpenAI client")
@@ -107,7 +109,7 @@ def llama_cpp_anchor(prompt_text: str, n_tokens: int) -> dict | None:
 
 def _cpu(system: str, serve_pid: int, peer_pid: int) -> dict[str, float]:
     """CPU seconds so far of what serves ``system``: this process for the engines driven
-    directly, the serve run's processes by role for the graph, mlx_lm.server's in all."""
+    directly, the graph's processes by role, mlx_lm.server's in all."""
     from .graph import session_cpu
 
     if system in ("graph", "graph_oai"):
@@ -219,11 +221,13 @@ def main(argv: list[str] | None = None) -> int:
             doc["peer"] = {"server": "mlx_lm.server", "pid": peer_pid,
                            "decode_concurrency": n_parallel}
         if "graph" in systems:
-            bar.set_description("serve run: starting")
+            bar.set_description("graph: starting")
             log_path = out.with_suffix(".serve.log")
             log_path.parent.mkdir(parents=True, exist_ok=True)
             base, serve_pid = stack.enter_context(graph.serve_graph(model_path, n_parallel, n_ctx,
-                                                            args.n_batch, log_path))
+                                                            args.n_batch, log_path,
+                                                            serve_proxy=args.serve_proxy))
+            doc["graph_http"] = "Ray Serve's proxy" if args.serve_proxy else "ingress replica"
         runners = {
             "mlx_lm": lambda c, n, w: engine_floor.run_mlx_lm(loaded, w, c, n, n_parallel,
                                                               args.n_batch, tick),
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warm_ttft_ms": [round(x, 3) for x in warm],
                 "cold_ttft_ms_p50": round(percentile(cold, 50), 3),
                 "warm_ttft_ms_p50": round(percentile(warm, 50), 3)}
-            bar.set_description("serve run: stopping")
+            bar.set_description("graph: stopping")
     out.with_suffix(".serve.log").unlink(missing_ok=True)
     out.with_suffix(".peer.log").unlink(missing_ok=True)
     doc["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]

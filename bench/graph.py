@@ -1,5 +1,7 @@
-"""Through the graph: a ``serve run`` of the graph started here on a free port, streamed over
-HTTP by an aiohttp client, ``concurrency`` requests in flight; stopped by its PID at the end."""
+"""Through the graph: the graph served as ``make serve`` serves it (``python -m
+deployments.launch``: its port served by the ingress replica, or through Ray Serve's proxy with
+``serve_proxy``), started here on a free port, streamed over HTTP by an aiohttp client,
+``concurrency`` requests in flight; stopped by its PID at the end."""
 
 from __future__ import annotations
 
@@ -54,9 +56,9 @@ def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: in
 
 @contextmanager
 def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
-                log_path: Path, timeout: float = 240.0,
-                attempts: int = 3) -> Iterator[tuple[str, int]]:
-    """Yield (base URL, PID) of a healthy ``serve run``; stop it (its process group, by PID).
+                log_path: Path, timeout: float = 240.0, attempts: int = 3,
+                serve_proxy: bool = False) -> Iterator[tuple[str, int]]:
+    """Yield (base URL, PID) of a healthy graph; stop it (its process group, by PID).
 
     A local cluster whose GCS misses Ray's 30 s startup deadline (a loaded machine) exits at once;
     that start is retried, up to ``attempts`` in all."""
@@ -69,9 +71,9 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         # engines driven here and mlx_lm.server (Ray's own default, 15, would measure the nice
         # levels on a shared machine)
         env = {**CLUSTER_ENV, **os.environ}
-        serve = Path(sys.executable).with_name("serve")
+        command = [sys.executable, "-m", "deployments.launch", f.name]
         log = open(log_path, "wb")
-        proc = subprocess.Popen([str(serve), "run", "--address", "local", f.name], cwd=REPO,
+        proc = subprocess.Popen(command + (["--serve-proxy"] if serve_proxy else []), cwd=REPO,
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         base = f"http://127.0.0.1:{port}"
@@ -85,7 +87,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
             yield base, proc.pid
             return
         finally:
-            stop_group(proc, signal.SIGINT, grace=30)  # serve run shuts its cluster down
+            stop_group(proc, signal.SIGINT, grace=30)  # the launcher stops its cluster
             log.close()
             os.unlink(f.name)
 
@@ -198,8 +200,8 @@ ROLES = ("ModelReplica", "ResponseShaper", "Ingress", "ProxyActor", "ServeContro
 
 
 def session_cpu(sid: int) -> dict[str, float]:
-    """CPU seconds used so far by each role among the processes of session ``sid`` (a serve run
-    and the local cluster it started), through psutil: Linux and macOS alike."""
+    """CPU seconds used so far by each role among the processes of session ``sid`` (the
+    launcher and the local cluster it started), through psutil: Linux and macOS alike."""
     import psutil  # the bench's own dependency (pip install -e ".[bench]"), imported when used
 
     out: dict[str, float] = {}

@@ -167,6 +167,10 @@ def parser() -> argparse.ArgumentParser:
     cli_shards.add_arguments(p)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
+    p.add_argument("--serve-proxy", action="store_true",
+                   help="serve HTTP through Ray Serve's proxy rather than from the ingress "
+                        "replica itself (Serve's direct ingress, the default on a cluster the "
+                        "command starts)")
     return p
 
 
@@ -375,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if ns.dump_config:
         yaml.safe_dump(config, sys.stdout, sort_keys=False)
         return
-    run(config)  # until SIGTERM or SIGINT, then the process ends (deployments/launch.py)
+    run(config, ns.serve_proxy)  # until SIGTERM or SIGINT, then the process ends (launch.py)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,12 @@ from typing import Any, NoReturn
 import psutil
 import yaml
 
+from . import direct_ingress
+
 GRACE_S = 15.0  # for Serve to shut down on a joined cluster
 STOP_GRACE_S = 3.0  # between SIGTERM and SIGKILL, for a local cluster's processes
 SAMPLE_S = 2.0  # how often the command's processes are sampled
+WATCH_S = 2.0  # how often the applications' status is read once they run
 
 
 class Signals:
@@ -134,19 +137,23 @@ def _wait(event: threading.Event, signals: Signals, timeout: float) -> None:
         event.wait(0.1)
 
 
-def run(config: dict) -> NoReturn:
+def run(config: dict, serve_proxy: bool = False) -> NoReturn:
     """Deploy ``config`` (a Serve config file's content), serve until a stop signal, stop, and
-    end the process (status 1 if an application failed to deploy, else 0)."""
+    end the process (status 1 if an application failed to deploy, else 0). Its port is served
+    by the ingress replica itself unless ``serve_proxy`` or the config needs Serve's proxy
+    (deployments/direct_ingress.py)."""
+    served = direct_ingress.plan(config, serve_proxy)
+    os.environ.update(served.env)  # before Ray is imported or started: every process reads it
     from ray.serve.schema import ServeDeploySchema
 
-    schema = ServeDeploySchema.model_validate(config)
+    schema = ServeDeploySchema.model_validate(served.config)
     signals = Signals()
     signals.install()
     own = OwnProcesses() if not os.environ.get("RAY_ADDRESS") else None
     failure: list[str] = []
     _init_ray(signals)
     try:
-        _in_thread(lambda: _deploy_and_watch(schema, config, signals, failure))
+        _in_thread(lambda: _deploy_and_watch(schema, config, served, signals, failure))
         while not signals.stop.wait(SAMPLE_S):
             if own is not None:
                 own.sample()
@@ -201,21 +208,22 @@ def _init_ray(signals: Signals, attempts: int = 3) -> None:
     signals.install()  # ray.init sets a SIGTERM handler of its own (sys.exit)
 
 
-def _deploy_and_watch(schema: Any, config: dict, signals: Signals, failure: list[str]) -> None:
+def _deploy_and_watch(schema: Any, config: dict, served: direct_ingress.Plan, signals: Signals,
+                      failure: list[str]) -> None:
     """Deploy, then watch the applications; a failure stops the command (but not one that the
     stop itself causes, such as Ray's calls failing once the cluster is going)."""
     try:
-        _deploy(schema, config, signals, failure)
+        _deploy(schema, config, served, signals, failure)
     except Exception as exc:
         if not signals.stop.is_set():
             failure.append(f"{type(exc).__name__}: {exc}")
             signals.stop.set()
 
 
-def _deploy(schema: Any, config: dict, signals: Signals, failure: list[str]) -> None:
+def _deploy(schema: Any, config: dict, served: direct_ingress.Plan, signals: Signals,
+            failure: list[str]) -> None:
     """What ``serve run`` does with a config; then announce the applications running, or stop
     the command if one fails to deploy."""
-    from ray import serve
     from ray.serve._private import api as serve_api
     from ray.serve.config import gRPCOptions
     from ray.serve.schema import ApplicationStatus
@@ -227,7 +235,9 @@ def _deploy(schema: Any, config: dict, signals: Signals, failure: list[str]) -> 
     names = [app["name"] for app in config["applications"]]
     announced = False
     while not signals.stop.is_set():
-        states = serve.status().applications
+        # the controller's status protos: serve.status() builds pydantic models that pickle
+        # every deployment's router class, a few % of a core at this rate
+        states = {s.name: s.app_status for s in client.list_serve_statuses()}
         for name in names:
             state = states.get(name)
             if state is not None and state.status == ApplicationStatus.DEPLOY_FAILED:
@@ -239,9 +249,17 @@ def _deploy(schema: Any, config: dict, signals: Signals, failure: list[str]) -> 
             http = config.get("http_options", {})
             prefix = (config["applications"][0].get("route_prefix") or "/").rstrip("/")
             print(f"mlxray: serving on http://{http.get('host', '127.0.0.1')}:"
-                  f"{http.get('port', 8000)}{prefix}", file=sys.stderr, flush=True)
+                  f"{http.get('port', 8000)}{prefix} {_server_note(served)}", file=sys.stderr,
+                  flush=True)
             announced = True
-        time.sleep(0.5)
+        time.sleep(WATCH_S if announced else 0.5)
+
+
+def _server_note(served: direct_ingress.Plan) -> str:
+    if served.direct:
+        return (f"(by the ingress replica; Ray Serve's proxy is on port "
+                f"{served.config['http_options']['port']})")
+    return f"(through Ray Serve's proxy: {served.reason})"
 
 
 def _shut_down(signals: Signals, own: OwnProcesses | None) -> None:
@@ -293,10 +311,12 @@ def main(argv: list[str] | None = None) -> None:
                                 description="Serve a Ray Serve config file (as `serve run` "
                                 "does) and stop every process it started on SIGTERM or SIGINT.")
     p.add_argument("config", help="a Ray Serve config file, e.g. configs/local.yaml")
+    p.add_argument("--serve-proxy", action="store_true",
+                   help="serve HTTP through Ray Serve's proxy, not from the ingress replica")
     args = p.parse_args(argv)
     cluster_env_defaults()
     with open(args.config) as f:
-        run(yaml.safe_load(f))
+        run(yaml.safe_load(f), args.serve_proxy)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ class ReplicaReport:
     time: float = field(default_factory=time.time)
 
 
+# every replica reports once a second: no access log line for each
 @serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=1000,
-                  ray_actor_options={"num_cpus": 0})
+                  ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False})
 class StatusBoard:
     """The latest report of every replica, and per model the token totals of the last minute."""
 

@@ -1,0 +1,81 @@
+"""HTTP served by the ingress replica itself (Ray Serve's direct ingress) on the command's port.
+
+Through Ray Serve's HTTP proxy a request costs two more Ray messages on the first token's way
+(proxy -> ingress, then the ingress fetching the body back from the proxy) and one more per
+streamed item (docs/performance.md, "Where the cost is"). With ``RAY_SERVE_ENABLE_DIRECT_INGRESS``
+the ingress replica runs its own uvicorn server on a port Serve hands out from a range; making
+that range the command's one port puts the client straight on the ingress. Serve still starts
+its proxy on the head node (it will not serve direct ingress without one): it moves to a free
+port of its own.
+
+One ingress replica can have one port, so this applies only to a cluster the command starts
+itself, with a single application whose ingress is not scaled out (``mlxray`` and the shipped
+``configs/local.yaml`` are). Everything else, and ``--serve-proxy``, keeps the proxy in front.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+INGRESS_NAME = "Ingress"
+
+
+@dataclass
+class Plan:
+    """The config to deploy and the variables the cluster must start with."""
+
+    config: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    reason: str = ""  # why the proxy stays in front, when it does
+
+    @property
+    def direct(self) -> bool:
+        return bool(self.env)
+
+
+def plan(config: dict[str, Any], serve_proxy: bool = False) -> Plan:
+    """Serve ``config``'s port from its ingress replica when it can be; else the config as is."""
+    reason = _proxy_reason(config, serve_proxy)
+    if reason:
+        return Plan(config, reason=reason)
+    http = config.get("http_options") or {}
+    port = int(http.get("port", 8000))
+    env = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+           # Serve's range is [min, max): the one port
+           "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+           "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+           # Serve holds a stopping ingress for 30 s, and a freed port out of use for 150 s,
+           # so that a load balancer in front notices; with none, a replacement ingress (after
+           # a crash) would find its only port quarantined
+           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+           "RAY_SERVE_PORT_QUARANTINE_S": "0"}
+    moved = copy.deepcopy(config)
+    moved.setdefault("http_options", {})["port"] = _free_port(http.get("host") or "127.0.0.1")
+    return Plan(moved, env)
+
+
+def _proxy_reason(config: dict[str, Any], serve_proxy: bool) -> str:
+    if serve_proxy:
+        return "--serve-proxy"
+    if os.environ.get("RAY_ADDRESS"):
+        return "a cluster the command joins (RAY_ADDRESS)"
+    if config.get("proxy_location") == "Disabled":
+        return "proxy_location: Disabled"
+    apps = config.get("applications") or []
+    if len(apps) != 1:
+        return f"{len(apps)} applications"
+    for deployment in apps[0].get("deployments") or []:
+        if deployment.get("name") == INGRESS_NAME and (
+                deployment.get("autoscaling_config") or deployment.get("num_replicas", 1) != 1):
+            return "an ingress of several replicas"
+    return ""
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("0.0.0.0", "::") else "127.0.0.1", 0))
+        return s.getsockname()[1]

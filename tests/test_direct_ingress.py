@@ -1,0 +1,179 @@
+"""The command's port served by the ingress replica itself (deployments/direct_ingress.py): which
+configs get it, and an ``mlxray`` process serving that way. Its port is the Ingress replica's own
+socket, Serve's proxy (moved to a port of its own) gives the same answers, a client that goes
+away frees its slot, and an Ingress replica killed is replaced on the same port. With
+``--serve-proxy`` the port is the proxy's, as before."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from deployments import direct_ingress
+from deployments.launch import CLUSTER_ENV
+
+from .conftest import REPO, free_port, wait_for
+from .processes import Launched, describe
+from .test_signals import wait_healthy
+from .test_transport import answers
+
+ONE_APP = {"http_options": {"host": "127.0.0.1", "port": 8123},
+           "applications": [{"name": "mlxray", "import_path": "deployments.graph:build_app",
+                             "deployments": [{"name": "Ingress"}]}]}
+
+
+def test_one_application_is_served_by_its_ingress(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    served = direct_ingress.plan(ONE_APP)
+    assert served.direct and served.reason == ""
+    assert served.env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    # Serve's port range is [min, max): exactly the command's port
+    assert (served.env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"],
+            served.env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("8123", "8124")
+    assert served.env["RAY_SERVE_PORT_QUARANTINE_S"] == "0"
+    proxy_port = served.config["http_options"]["port"]
+    assert proxy_port != 8123 and ONE_APP["http_options"]["port"] == 8123  # a copy was moved
+    assert served.config["applications"] == ONE_APP["applications"]
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"serve_proxy": True}, "--serve-proxy"),
+    ({"RAY_ADDRESS": "ray://elsewhere:10001"}, "RAY_ADDRESS"),
+    ({"proxy_location": "Disabled"}, "proxy_location"),
+    ({"apps": 2}, "2 applications"),
+    ({"ingress": {"num_replicas": 2}}, "several replicas"),
+    ({"ingress": {"autoscaling_config": {"max_replicas": 4}}}, "several replicas"),
+])
+def test_the_proxy_stays_in_front_when_it_must(monkeypatch, change, reason):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = {**ONE_APP, "applications": [dict(ONE_APP["applications"][0])]}
+    if "RAY_ADDRESS" in change:
+        monkeypatch.setenv("RAY_ADDRESS", change["RAY_ADDRESS"])
+    if "proxy_location" in change:
+        config["proxy_location"] = change["proxy_location"]
+    if "apps" in change:
+        config["applications"] = config["applications"] * change["apps"]
+    if "ingress" in change:
+        config["applications"][0]["deployments"] = [{"name": "Ingress", **change["ingress"]}]
+    served = direct_ingress.plan(config, change.get("serve_proxy", False))
+    assert not served.direct and served.env == {}
+    assert reason in served.reason
+    assert served.config is config
+
+
+# ---- an mlxray process --------------------------------------------------------------------
+def listener(port: int) -> str:
+    """The command line of the process listening on ``port``."""
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return " ".join(psutil.Process(conn.pid).cmdline())
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def start(tmp_path, *flags: str) -> tuple[Launched, str, str]:
+    """``mlxray`` in a session of its own: (process, its base URL, the proxy's base URL)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV}
+    argv = [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
+            str(port), "-np", "1", "-c", "16384", *flags]
+    launched = Launched(argv, REPO, env, tmp_path / "mlxray.log")
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(launched, base)
+    line = wait_for(lambda: re.search(r"mlxray: serving on (\S+) \((.*)\)",
+                                      launched.log.read_text()), timeout=60,
+                    what="the command's announcement")
+    proxy = re.search(r"proxy is on port (\d+)", line.group(2))
+    return launched, base, f"http://127.0.0.1:{proxy.group(1)}" if proxy else base
+
+
+def stop(launched: Launched) -> None:
+    launched.signal(signal.SIGTERM, group=True)
+    exited = launched.wait(30)
+    left = launched.leftovers(5)
+    launched.kill_all()
+    launched.close()
+    assert exited is not None and not left, describe(left)
+
+
+@pytest.fixture(scope="module")
+def direct(tmp_path_factory) -> Iterator[tuple[Launched, str, str]]:
+    launched, base, proxy = start(tmp_path_factory.mktemp("direct"))
+    try:
+        yield launched, base, proxy
+    finally:
+        stop(launched)
+
+
+@pytest.mark.heavy
+def test_the_port_is_the_ingress_replicas_and_answers_as_the_proxy(direct):
+    launched, base, proxy = direct
+    port, proxy_port = int(base.rsplit(":", 1)[1]), int(proxy.rsplit(":", 1)[1])
+    assert "ServeReplica:mlxray:Ingress" in listener(port)
+    assert "ProxyActor" in listener(proxy_port)
+    assert answers(base) == answers(proxy)
+    headers = httpx.post(base + "/completion", json={"prompt": "x", "n_predict": 2,
+                                                     "stream": True}).headers
+    assert headers["content-type"].startswith("text/event-stream")
+    assert headers["x-accel-buffering"] == "no"
+
+
+def slot_busy(base: str) -> bool:
+    return any(s["is_processing"] for s in httpx.get(base + "/slots", timeout=10).json())
+
+
+@pytest.mark.heavy
+def test_a_client_gone_frees_its_slot(direct):
+    """The stream would run to the slot's 16,384-token context (about a minute here): the slot is
+    free again within seconds of the client leaving."""
+    _, base, _ = direct
+    endless = {"prompt": [5, 6, 7], "n_predict": 100000, "ignore_eos": True, "stream": True}
+
+    async def read_a_little_and_leave():
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            async with client.stream("POST", "/completion", json=endless) as r:
+                async for _ in r.aiter_bytes():
+                    assert slot_busy(base)
+                    break
+
+    asyncio.run(read_a_little_and_leave())
+    wait_for(lambda: not slot_busy(base), timeout=10, what="the slot freed")
+
+
+def replaced(port: int, old_pid: int) -> bool:
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid != old_pid
+               for c in psutil.net_connections("tcp"))
+
+
+@pytest.mark.heavy
+def test_a_killed_ingress_is_replaced_on_the_same_port(direct):
+    launched, base, _ = direct
+    port = int(base.rsplit(":", 1)[1])
+    pid = next(c.pid for c in psutil.net_connections("tcp")
+               if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
+    psutil.Process(pid).kill()
+    wait_for(lambda: replaced(port, pid), timeout=120, what="a new Ingress replica on the port")
+    wait_healthy(launched, base, timeout=120)
+    assert "ServeReplica:mlxray:Ingress" in listener(port)
+    assert answers(base)[4] == 400
+
+
+@pytest.mark.heavy
+def test_serve_proxy_keeps_the_proxy_on_the_port(tmp_path):
+    launched, base, proxy = start(tmp_path, "--serve-proxy")
+    try:
+        assert proxy == base
+        assert "ProxyActor" in listener(int(base.rsplit(":", 1)[1]))
+        assert "through Ray Serve's proxy: --serve-proxy" in launched.log.read_text()
+        assert httpx.post(base + "/completion", json={"prompt": "x", "n_predict": 2},
+                          timeout=60).json()["tokens_predicted"] == 2
+    finally:
+        stop(launched)
