@@ -75,6 +75,20 @@ def _proxy_reason(config: dict[str, Any], serve_proxy: bool) -> str:
     return ""
 
 
+def port_taken(config: dict[str, Any]) -> str:
+    """Why the command's port cannot be listened on, before a cluster is started for it ("" when
+    it can): Serve would otherwise retry its proxy or its Ingress replica on it for a long while."""
+    http = config.get("http_options") or {}
+    host, port = http.get("host") or "127.0.0.1", int(http.get("port", 8000))
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return f"couldn't bind HTTP server socket, hostname: {host}, port: {port}: {exc}"
+    return ""
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host if host not in ("0.0.0.0", "::") else "127.0.0.1", 0))

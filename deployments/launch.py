@@ -142,6 +142,10 @@ def run(config: dict, serve_proxy: bool = False) -> NoReturn:
     end the process (status 1 if an application failed to deploy, else 0). Its port is served
     by the ingress replica itself unless ``serve_proxy`` or the config needs Serve's proxy
     (deployments/direct_ingress.py)."""
+    taken = "" if os.environ.get("RAY_ADDRESS") else direct_ingress.port_taken(config)
+    if taken:
+        print(f"mlxray: error: {taken}", file=sys.stderr)
+        sys.exit(1)
     served = direct_ingress.plan(config, serve_proxy)
     os.environ.update(served.env)  # before Ray is imported or started: every process reads it
     from ray.serve.schema import ServeDeploySchema

@@ -10,6 +10,8 @@ import asyncio
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -67,6 +69,22 @@ def test_the_proxy_stays_in_front_when_it_must(monkeypatch, change, reason):
     assert not served.direct and served.env == {}
     assert reason in served.reason
     assert served.config is config
+
+
+def test_a_port_in_use_is_refused_before_any_cluster_starts(tmp_path):
+    """llama-server's own message, at once; nothing of Ray is started (the command would
+    otherwise wait on Serve retrying its server on the port)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "LLAMA_"))}
+        done = subprocess.run([sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python",
+                               "--port", str(port)], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}" in done.stderr
+    assert "Started a local Ray instance" not in done.stderr + done.stdout
 
 
 # ---- an mlxray process --------------------------------------------------------------------
