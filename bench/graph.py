@@ -71,6 +71,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         # engines driven here and mlx_lm.server (Ray's own default, 15, would measure the nice
         # levels on a shared machine)
         env = {**CLUSTER_ENV, **os.environ}
+        env.pop("RAY_ADDRESS", None)  # a cluster of its own, never one it would then shut down
         command = [sys.executable, "-m", "deployments.launch", f.name]
         log = open(log_path, "wb")
         proc = subprocess.Popen(command + (["--serve-proxy"] if serve_proxy else []), cwd=REPO,

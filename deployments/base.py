@@ -16,6 +16,7 @@ from ray.serve.handle import DeploymentHandle
 
 from engine.vocab import Vocab, load_vocab
 
+from . import direct_ingress
 from .adapters import AdapterTable
 from .chat import ChatTemplate
 from .config import GraphArgs
@@ -82,6 +83,7 @@ ModelStack = tuple[DeploymentHandle, DeploymentHandle, GraphArgs]
 class IngressBase:
     def __init__(self, models: list[ModelStack], args: GraphArgs,
                  board: DeploymentHandle | None = None):
+        direct_ingress.reclaimable_port()
         self.args = args  # the application's: api_key, max_body_bytes, webui (and defaults)
         self.board = board  # deployments/status.py: every replica's state, for /mlxray/status
         vocabs: dict[str, Vocab] = {}

@@ -11,6 +11,8 @@ port of its own.
 One ingress replica can have one port, so this applies only to a cluster the command starts
 itself, with a single application whose ingress is not scaled out (``mlxray`` and the shipped
 ``configs/local.yaml`` are). Everything else, and ``--serve-proxy``, keeps the proxy in front.
+An Ingress replica binds the port as the proxy does (``reclaimable_port``), so one that dies is
+replaced on the same port.
 """
 
 from __future__ import annotations
@@ -69,24 +71,51 @@ def _proxy_reason(config: dict[str, Any], serve_proxy: bool) -> str:
     if len(apps) != 1:
         return f"{len(apps)} applications"
     for deployment in apps[0].get("deployments") or []:
-        if deployment.get("name") == INGRESS_NAME and (
-                deployment.get("autoscaling_config") or deployment.get("num_replicas", 1) != 1):
-            return "an ingress of several replicas"
+        if deployment.get("name") != INGRESS_NAME:
+            continue
+        if deployment.get("autoscaling_config"):
+            return "an autoscaled ingress"
+        if deployment.get("num_replicas", 1) != 1:
+            return f"an ingress of {deployment['num_replicas']} replicas"
     return ""
 
 
 def port_taken(config: dict[str, Any]) -> str:
     """Why the command's port cannot be listened on, before a cluster is started for it ("" when
-    it can): Serve would otherwise retry its proxy or its Ingress replica on it for a long while."""
+    it can): Serve would otherwise retry its server on it for a long while. Connections still
+    closing there (TIME_WAIT) do not count: the proxy and the ingress bind with SO_REUSEADDR."""
     http = config.get("http_options") or {}
     host, port = http.get("host") or "127.0.0.1", int(http.get("port", 8000))
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
             return f"couldn't bind HTTP server socket, hostname: {host}, port: {port}: {exc}"
     return ""
+
+
+def reclaimable_port() -> None:
+    """In an Ingress replica, before Serve starts its HTTP server there: bind it as Serve binds
+    its proxy's (SO_REUSEADDR, SO_REUSEPORT). Serve 2.60 binds a direct-ingress socket without
+    them, so after an Ingress replica dies holding a client's connection (which then lingers on
+    the port in FIN_WAIT or TIME_WAIT for up to a minute) its replacement cannot bind, Serve
+    blocks the port for good, and the command would serve nothing. Serve looks the function up
+    at call time; a Serve without it is left alone."""
+    if os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") != "1":
+        return
+    from ray.serve._private import replica
+
+    start = getattr(replica, "start_asgi_http_server", None)
+    if start is None or getattr(start, "reuses_port", False):
+        return
+
+    async def start_reusing_port(app: Any, options: Any, *, event_loop: Any,
+                                 enable_so_reuseport: bool = False) -> Any:
+        return await start(app, options, event_loop=event_loop, enable_so_reuseport=True)
+
+    start_reusing_port.reuses_port = True  # type: ignore[attr-defined]
+    replica.start_asgi_http_server = start_reusing_port
 
 
 def _free_port(host: str) -> int:

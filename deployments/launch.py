@@ -142,7 +142,7 @@ def run(config: dict, serve_proxy: bool = False) -> NoReturn:
     end the process (status 1 if an application failed to deploy, else 0). Its port is served
     by the ingress replica itself unless ``serve_proxy`` or the config needs Serve's proxy
     (deployments/direct_ingress.py)."""
-    taken = "" if os.environ.get("RAY_ADDRESS") else direct_ingress.port_taken(config)
+    taken = _own_port_taken(config)
     if taken:
         print(f"mlxray: error: {taken}", file=sys.stderr)
         sys.exit(1)
@@ -172,6 +172,14 @@ def run(config: dict, serve_proxy: bool = False) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1 if failure else 0)
+
+
+def _own_port_taken(config: dict) -> str:
+    """Why the port cannot be served, when the command starts a cluster that serves HTTP (a
+    joined cluster's proxy may hold the port already)."""
+    if os.environ.get("RAY_ADDRESS") or config.get("proxy_location") == "Disabled":
+        return ""
+    return direct_ingress.port_taken(config)
 
 
 def parent_make_stopping() -> bool:

@@ -51,8 +51,8 @@ def test_one_application_is_served_by_its_ingress(monkeypatch):
     ({"RAY_ADDRESS": "ray://elsewhere:10001"}, "RAY_ADDRESS"),
     ({"proxy_location": "Disabled"}, "proxy_location"),
     ({"apps": 2}, "2 applications"),
-    ({"ingress": {"num_replicas": 2}}, "several replicas"),
-    ({"ingress": {"autoscaling_config": {"max_replicas": 4}}}, "several replicas"),
+    ({"ingress": {"num_replicas": 2}}, "an ingress of 2 replicas"),
+    ({"ingress": {"autoscaling_config": {"max_replicas": 4}}}, "an autoscaled ingress"),
 ])
 def test_the_proxy_stays_in_front_when_it_must(monkeypatch, change, reason):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -87,13 +87,47 @@ def test_a_port_in_use_is_refused_before_any_cluster_starts(tmp_path):
     assert "Started a local Ray instance" not in done.stderr + done.stdout
 
 
+def test_a_port_held_by_closing_connections_is_not_taken():
+    """A server that closed a connection first leaves it in TIME_WAIT on its port for up to a
+    minute; the proxy and the ingress bind with SO_REUSEADDR, so the port can be served."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        config = {"http_options": {"host": "127.0.0.1", "port": port}}
+        assert direct_ingress.port_taken(config).startswith("couldn't bind HTTP server socket")
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain:  # as Serve 2.60 binds an ingress replica's socket itself
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    assert direct_ingress.port_taken(config) == ""
+
+
 # ---- an mlxray process --------------------------------------------------------------------
-def listener(port: int) -> str:
-    """The command line of the process listening on ``port``."""
-    for conn in psutil.net_connections("tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            return " ".join(psutil.Process(conn.pid).cmdline())
-    raise AssertionError(f"nothing listens on {port}")
+def listening(launched: Launched, port: int) -> list[psutil.Process]:
+    """The command's processes listening on ``port`` (its own process tree: psutil's system-wide
+    table needs root on macOS)."""
+    launched.sample()
+    found = []
+    for proc in launched.alive():
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in proc.net_connections("tcp")):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def listener(launched: Launched, port: int) -> str:
+    """The command line of the command's process listening on ``port``."""
+    procs = listening(launched, port)
+    assert len(procs) == 1, describe(procs)
+    return " ".join(procs[0].cmdline())
 
 
 def start(tmp_path, *flags: str) -> tuple[Launched, str, str]:
@@ -135,8 +169,8 @@ def direct(tmp_path_factory) -> Iterator[tuple[Launched, str, str]]:
 def test_the_port_is_the_ingress_replicas_and_answers_as_the_proxy(direct):
     launched, base, proxy = direct
     port, proxy_port = int(base.rsplit(":", 1)[1]), int(proxy.rsplit(":", 1)[1])
-    assert "ServeReplica:mlxray:Ingress" in listener(port)
-    assert "ProxyActor" in listener(proxy_port)
+    assert "ServeReplica:mlxray:Ingress" in listener(launched, port)
+    assert "ProxyActor" in listener(launched, proxy_port)
     assert answers(base) == answers(proxy)
     headers = httpx.post(base + "/completion", json={"prompt": "x", "n_predict": 2,
                                                      "stream": True}).headers
@@ -166,22 +200,22 @@ def test_a_client_gone_frees_its_slot(direct):
     wait_for(lambda: not slot_busy(base), timeout=10, what="the slot freed")
 
 
-def replaced(port: int, old_pid: int) -> bool:
-    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid != old_pid
-               for c in psutil.net_connections("tcp"))
-
-
 @pytest.mark.heavy
 def test_a_killed_ingress_is_replaced_on_the_same_port(direct):
+    """Killed while a client keeps a connection open, which then lingers on the port: the
+    replacement binds it all the same (direct_ingress.reclaimable_port)."""
     launched, base, _ = direct
     port = int(base.rsplit(":", 1)[1])
-    pid = next(c.pid for c in psutil.net_connections("tcp")
-               if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
-    psutil.Process(pid).kill()
-    wait_for(lambda: replaced(port, pid), timeout=120, what="a new Ingress replica on the port")
+    (ingress,) = listening(launched, port)
+    kept = httpx.Client(base_url=base)
+    assert kept.get("/health").status_code == 200  # the connection stays open
+    ingress.kill()
+    wait_for(lambda: [p for p in listening(launched, port) if p.pid != ingress.pid],
+             timeout=120, what="a new Ingress replica on the port")
     wait_healthy(launched, base, timeout=120)
-    assert "ServeReplica:mlxray:Ingress" in listener(port)
+    assert "ServeReplica:mlxray:Ingress" in listener(launched, port)
     assert answers(base)[4] == 400
+    kept.close()
 
 
 @pytest.mark.heavy
@@ -189,7 +223,7 @@ def test_serve_proxy_keeps_the_proxy_on_the_port(tmp_path):
     launched, base, proxy = start(tmp_path, "--serve-proxy")
     try:
         assert proxy == base
-        assert "ProxyActor" in listener(int(base.rsplit(":", 1)[1]))
+        assert "ProxyActor" in listener(launched, int(base.rsplit(":", 1)[1]))
         assert "through Ray Serve's proxy: --serve-proxy" in launched.log.read_text()
         assert httpx.post(base + "/completion", json={"prompt": "x", "n_predict": 2},
                           timeout=60).json()["tokens_predicted"] == 2
