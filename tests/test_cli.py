@@ -202,8 +202,8 @@ def test_dump_config_is_a_serve_config(capsys):
 
 
 def test_dump_config_carries_the_shipped_configs_runtime_env(capsys):
-    """The replica event-loop settings of configs/local.yaml (docs/performance.md): the command
-    serves as fast as `serve run configs/local.yaml`."""
+    """The replica event-loop settings of configs/local.yaml (docs/performance.md): the
+    command's graph runs as the shipped configs' does."""
     cli.main(["-m", MODEL, "--dump-config"])
     dumped = yaml.safe_load(capsys.readouterr().out)["applications"][0]["runtime_env"]
     assert dumped["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
