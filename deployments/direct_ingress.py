@@ -56,7 +56,7 @@ def plan(config: dict[str, Any], serve_proxy: bool = False) -> Plan:
            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
            "RAY_SERVE_PORT_QUARANTINE_S": "0"}
     moved = copy.deepcopy(config)
-    moved.setdefault("http_options", {})["port"] = _free_port(http.get("host") or "127.0.0.1")
+    moved.setdefault("http_options", {})["port"] = _free_port()
     return Plan(moved, env)
 
 
@@ -118,7 +118,8 @@ def reclaimable_port() -> None:
     replica.start_asgi_http_server = start_reusing_port
 
 
-def _free_port(host: str) -> int:
+def _free_port() -> int:
+    """A port free on every interface now, for Serve's proxy."""
     with socket.socket() as s:
-        s.bind((host if host not in ("0.0.0.0", "::") else "127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]

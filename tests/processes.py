@@ -18,6 +18,16 @@ from pathlib import Path
 
 import psutil
 
+from deployments.launch import CLUSTER_ENV
+
+
+def own_cluster_env() -> dict[str, str]:
+    """The test's environment for a command that starts a Ray cluster of its own: no RAY_ADDRESS
+    (the test session's cluster), no LLAMA_* variables, and none of the settings the command must
+    set itself (deployments/launch.CLUSTER_ENV)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV}
+
 
 def _default_signals() -> None:
     """The child starts as from a terminal: SIGINT and SIGQUIT not ignored (a shell's background

@@ -3,7 +3,6 @@ refusals that name the flag, and one real run with the API key enforced."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from deployments import cli
 from deployments.base import api_keys
 from deployments.config import GraphArgs
 from tests.conftest import MODEL, REPO, free_port, wait_healthy
+from tests.processes import own_cluster_env
 
 
 def config_of(argv: list[str], environ: dict[str, str] | None = None) -> dict:
@@ -227,8 +227,7 @@ def wait_serving(proc: subprocess.Popen, base: str, log, timeout: float = 300) -
 def test_mlxray_serves_with_the_key_enforced(tmp_path):
     """The issue's acceptance command, on a free port, in its own process and Ray cluster."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "LLAMA_"))}
-    env["RAY_AUTH_MODE"] = "disabled"
+    env = {**own_cluster_env(), "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
          str(port), "-np", "2", "--api-key", "k"],

@@ -7,7 +7,6 @@ away frees its slot, and an Ingress replica killed is replaced on the same port.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import socket
@@ -20,10 +19,9 @@ import psutil
 import pytest
 
 from deployments import direct_ingress
-from deployments.launch import CLUSTER_ENV
 
 from .conftest import REPO, free_port, wait_for
-from .processes import Launched, describe
+from .processes import Launched, describe, own_cluster_env
 from .test_signals import wait_healthy
 from .test_transport import answers
 
@@ -78,9 +76,9 @@ def test_a_port_in_use_is_refused_before_any_cluster_starts(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "LLAMA_"))}
         done = subprocess.run([sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python",
-                               "--port", str(port)], cwd=REPO, env=env, capture_output=True,
+                               "--port", str(port)], cwd=REPO, env=own_cluster_env(),
+                              capture_output=True,
                               text=True, timeout=120)
     assert done.returncode == 1
     assert f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}" in done.stderr
@@ -133,11 +131,9 @@ def listener(launched: Launched, port: int) -> str:
 def start(tmp_path, *flags: str) -> tuple[Launched, str, str]:
     """``mlxray`` in a session of its own: (process, its base URL, the proxy's base URL)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV}
     argv = [sys.executable, "-m", "deployments.cli", "-m", "models/tiny-python", "--port",
             str(port), "-np", "1", "-c", "16384", *flags]
-    launched = Launched(argv, REPO, env, tmp_path / "mlxray.log")
+    launched = Launched(argv, REPO, own_cluster_env(), tmp_path / "mlxray.log")
     base = f"http://127.0.0.1:{port}"
     wait_healthy(launched, base)
     line = wait_for(lambda: re.search(r"mlxray: serving on (\S+) \((.*)\)",

@@ -27,10 +27,8 @@ import httpx
 import psutil
 import pytest
 
-from deployments.launch import CLUSTER_ENV
-
 from .conftest import REPO, free_port
-from .processes import Launched, describe
+from .processes import Launched, describe, own_cluster_env
 
 STOP_S = 30.0
 CI_PATTERNS = [("mlxray", "SIGTERM", "group", 2), ("make serve", "SIGINT", "group", 1)]
@@ -120,9 +118,8 @@ def assert_cluster_settings(started: list[psutil.Process]) -> None:
 def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, target, times):
     port = free_port()
     # what the command must set itself (deployments/launch.CLUSTER_ENV) is not inherited
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV}
-    launched = Launched(command_line(command, port, tmp_path), REPO, env, tmp_path / "out.log")
+    launched = Launched(command_line(command, port, tmp_path), REPO, own_cluster_env(),
+                        tmp_path / "out.log")
     try:
         if command == "mlxray":  # HTTPS, the test's certificate trusted
             trust = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
