@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-graph", action="store_true", help="skip the graph (engine only)")
     p.add_argument("--serve-proxy", action="store_true",
                    help="the graph's HTTP through Ray Serve's proxy, not the ingress replica")
+    p.add_argument("--stream-channel", choices=["shared", "per_request"], default="shared",
+                   help="the graph's stream_channel (default shared: one connection per pair "
+                        "of replica processes carries every request's items)")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's BatchGenerator")
     p.add_argument("--no-peer", action="store_true",
                    help="skip mlx_lm.server and the graph driven by the same OpenAI client")
@@ -226,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             base, serve_pid = stack.enter_context(graph.serve_graph(model_path, n_parallel, n_ctx,
                                                             args.n_batch, log_path,
-                                                            serve_proxy=args.serve_proxy))
+                                                            serve_proxy=args.serve_proxy,
+                                                            stream_channel=args.stream_channel))
             doc["graph_http"] = "Ray Serve's proxy" if args.serve_proxy else "ingress replica"
+            doc["stream_channel"] = args.stream_channel
         runners = {
             "mlx_lm": lambda c, n, w: engine_floor.run_mlx_lm(loaded, w, c, n, n_parallel,
                                                               args.n_batch, tick),

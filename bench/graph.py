@@ -41,13 +41,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: int) -> dict:
-    """configs/local.yaml with the bench's model, slots and port."""
+def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: int,
+                 stream_channel: str = "shared") -> dict:
+    """configs/local.yaml with the bench's model, slots, port and stream channel."""
     config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     config["http_options"]["port"] = port
     app = config["applications"][0]
     app["args"].update({"model": model, "n_parallel": n_parallel, "n_ctx": n_ctx,
-                        "n_batch": n_batch, "max_queue": 4096})
+                        "n_batch": n_batch, "max_queue": 4096,
+                        "stream_channel": stream_channel})
     for deployment in app.get("deployments", []):
         if deployment.get("name") == "ModelReplica":
             deployment["max_ongoing_requests"] = max(64, 4 * n_parallel)
@@ -57,7 +59,8 @@ def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: in
 @contextmanager
 def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
                 log_path: Path, timeout: float = 240.0, attempts: int = 3,
-                serve_proxy: bool = False) -> Iterator[tuple[str, int]]:
+                serve_proxy: bool = False,
+                stream_channel: str = "shared") -> Iterator[tuple[str, int]]:
     """Yield (base URL, PID) of a healthy graph; stop it (its process group, by PID).
 
     A local cluster whose GCS misses Ray's 30 s startup deadline (a loaded machine) exits at once;
@@ -66,7 +69,8 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         port = free_port()
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
                                          delete=False) as f:
-            yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch), f)
+            yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch, stream_channel),
+                           f)
         # mlxray's cluster settings: the proxy's gRPC, and the workers at nice 0 like the
         # engines driven here and mlx_lm.server (Ray's own default, 15, would measure the nice
         # levels on a shared machine)

@@ -8,6 +8,7 @@ model, ``model`` is ignored, as llama-server ignores it outside router mode.
 """
 
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,15 @@ from ray.serve.handle import DeploymentHandle
 
 from engine.vocab import Vocab, load_vocab
 
-from . import direct_ingress
+from . import channel, direct_ingress
 from .adapters import AdapterTable
 from .chat import ChatTemplate
 from .config import GraphArgs
 from .defaults import server_defaults
 from .errors import ApiError, invalid
-from .schema import ParseContext
+from .schema import CompletionParams, ParseContext
+from .shapes import OaiContext
+from .streams import coalesce, concat_bytes
 
 PUBLIC_PATHS = {"/health", "/v1/health"}
 
@@ -56,6 +59,19 @@ class ModelEndpoint:
     @property
     def name(self) -> str:
         return self.args.model_name
+
+    def sse(self, params: CompletionParams, prompts: list[list[int]],
+            oai: OaiContext | None) -> AsyncIterator[bytes | tuple[int, bytes]]:
+        """The shaper's ``stream`` items (SSE chunks, or one (status, JSON) refusal); those that
+        queue up while the client reads arrive as one."""
+        if self.args.stream_channel == "shared":
+            shaper = self.shaper
+            return channel.receive(
+                channel.listener(),
+                lambda reply: shaper.push_stream.remote(params, prompts, oai, reply),
+                concat_bytes)
+        return coalesce(self.shaper.options(stream=True).stream.remote(params, prompts, oai),
+                        concat_bytes)
 
     async def check_ready(self) -> None:
         """503 "Loading model" until the replica has its model."""

@@ -112,6 +112,12 @@ class GraphArgs(BaseModel):
                             "arguments and stream items by value: about a third less CPU per "
                             "token, docs/performance.md) or ray (Ray object references, Serve's "
                             "default); the status board's reports stay on object references")
+    stream_channel: Literal["shared", "per_request"] = Field(
+        "shared", description="how stream items travel from a model replica to a shaper and "
+                              "from a shaper to the ingress: shared (one connection per pair "
+                              "of processes carries every request's items, each request still "
+                              "one routed Ray Serve call per hop; deployments/channel.py) or "
+                              "per_request (each request's items are its own Ray Serve stream)")
     max_queue: int = Field(256, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")

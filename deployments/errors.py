@@ -85,8 +85,10 @@ def from_failure(exc: BaseException) -> ApiError:
         exc = exc.exceptions[0]
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
         exc = exc.cause  # the exception raised in the other deployment, without Ray's traceback
+    from .channel import ChannelLost
+
     unavailable = (RayActorError, ActorUnavailableError, BackPressureError,
-                   DeploymentUnavailableError)
+                   DeploymentUnavailableError, ChannelLost)
     if isinstance(exc, unavailable):
         return ApiError(f"the model replica is unavailable: {type(exc).__name__}",
                         "unavailable_error")

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from ray import serve
 
-from . import openapi
+from . import channel, openapi
 from .app import app
 from .base import IngressBase
 from .routes import adapters, embeddings, info, native, oai, protocols, unsupported, webui
@@ -176,3 +176,7 @@ class Ingress(IngressBase):
     async def messages_stream(self, body: dict) -> AsyncIterator[dict]:
         async for event in protocols.stream_handle(self, body, "messages"):
             yield event
+
+    async def channel_state(self) -> dict:
+        """What this process's stream-channel listener has received (deployments/channel.py)."""
+        return channel.listener().state()

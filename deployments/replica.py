@@ -30,6 +30,7 @@ from engine.types import (
     SamplingParams,
 )
 
+from . import channel
 from .config import GraphArgs
 from .replica_adapters import AdapterError, ReplicaAdapters
 from .schema import CompletionParams
@@ -198,6 +199,12 @@ class ModelReplica:
             # A client that went away reaches us as a CancelledError at a yield; closing the
             # engine stream now (not whenever it is garbage collected) cancels the group.
             await stream.aclose()
+
+    async def push(self, params: CompletionParams, prompts: list[list[int]],
+                   reply: channel.ReplyTo) -> int:
+        """``generate``'s batches sent on the shared channel to ``reply``'s listener (the
+        caller's process); returns how many, once the request has ended."""
+        return await channel.pump(self.generate(params, prompts), channel.sender(), reply)
 
     async def model_info(self) -> dict:
         engine = self._engine()

@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 
 from engine.types import ErrorEvent, FinalEvent, ProgressEvent, StartEvent, TokenEvent
 
+from . import channel
 from .config import GraphArgs
 from .errors import ApiError, from_failure
 from .protocols import protocol_shape
@@ -27,7 +28,8 @@ def _error(ev: ErrorEvent) -> ApiError:
 @serve.deployment(name="ResponseShaper", max_ongoing_requests=1000)
 class ResponseShaper:
     def __init__(self, replica: DeploymentHandle, args: GraphArgs):
-        self.replica = args.handle(replica).options(stream=True)
+        self.shared = args.stream_channel == "shared"
+        self.replica = args.handle(replica).options(stream=not self.shared)
         self.model_name = args.model_name
 
     def _events(self, params: CompletionParams, prompts: list[list[int]]):
@@ -35,6 +37,10 @@ class ResponseShaper:
         replica = self.replica
         if params.multiplex_id:  # to a replica holding the request's on-demand adapter
             replica = replica.options(multiplexed_model_id=params.multiplex_id)
+        if self.shared:
+            return channel.receive(channel.listener(),
+                                   lambda reply: replica.push.remote(params, prompts, reply),
+                                   concat_lists)
         return coalesce(replica.generate.remote(params, prompts), concat_lists)
 
     def _shape(self, params: CompletionParams, oai: OaiContext | None):
@@ -122,6 +128,16 @@ class ResponseShaper:
             yield shape.encode_error(err.body()) if started else (err.code, dumps(err.body()))
         finally:
             await frames.aclose()  # a cancelled stream cancels its replica call at once
+
+    async def channel_state(self) -> dict:
+        """What this process's stream-channel listener has received (deployments/channel.py)."""
+        return channel.listener().state()
+
+    async def push_stream(self, params: CompletionParams, prompts: list[list[int]],
+                          oai: OaiContext | None, reply: channel.ReplyTo) -> int:
+        """``stream``'s items sent on the shared channel to ``reply``'s listener (the
+        ingress's process); returns how many, once the request has ended."""
+        return await channel.pump(self.stream(params, prompts, oai), channel.sender(), reply)
 
     async def _frames(self, shape, params: CompletionParams,
                       prompts: list[list[int]]) -> AsyncIterator[bytes | tuple[int, bytes]]:

@@ -3,13 +3,15 @@
 Each batch holds everything that was ready when the consumer asked (the queue is drained), so an
 idle stream gets its first token at once. Tokens after the first gather for a while (``Gather``)
 before the next batch: every batch costs a Ray round trip per deployment hop, so fewer, fuller
-batches leave the CPU to the engine. The first token and a final event are never held back (a
+batches leave the CPU to the engine; and the streams' batches leave on common ticks, so that
+they share frames. The first token and a final event are never held back (a
 final event ends the gather that was waiting for more tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 
 from .scheduler import Engine
@@ -44,7 +46,7 @@ async def generate(
         while remaining > 0:
             batch = await inbox.get()
             if last_token_batch is not None and not _ends(batch):
-                wait = last_token_batch + gather.interval(engine.n_active) - loop.time()
+                wait = next_tick(last_token_batch, gather.interval(engine.n_active)) - loop.time()
                 if wait > 0 and not ended.is_set():
                     try:
                         await asyncio.wait_for(ended.wait(), wait)
@@ -62,6 +64,15 @@ async def generate(
     finally:
         if remaining > 0:
             engine.cancel(group_id)
+
+
+def next_tick(last: float, interval: float) -> float:
+    """When a stream's next batch leaves: on the loop clock's grid of ``interval``, at least half
+    an interval after its last one. Streams then leave on the same ticks, in one loop turn, and
+    a shared channel (deployments/channel.py) carries them all in one frame."""
+    if interval <= 0:
+        return last
+    return math.ceil((last + interval / 2) / interval) * interval
 
 
 def _ends(batch: list[EngineEvent]) -> bool:

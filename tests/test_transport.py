@@ -1,7 +1,8 @@
 """The graph's two handle transports (GraphArgs.handle_transport): Ray Serve's gRPC by value, the
-default, and Ray object references. The same requests get the same answers, streamed and not,
-native and OpenAI, an error envelope included, and a client that goes away frees its slot on
-either."""
+default, and Ray object references; and its two ways of carrying stream items
+(GraphArgs.stream_channel): shared channels, the default, and a Ray Serve stream per request. The
+same requests get the same answers, streamed and not, native and OpenAI, an error envelope
+included, and a client that goes away frees its slot on each."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def by_reference(serve_instance: int):
         yield base
 
 
+@pytest.fixture(scope="module")
+def per_request(serve_instance: int):
+    args = {**conftest.CONFORMANCE_ARGS, "stream_channel": "per_request"}
+    args.pop("model")
+    with dedicated_app(serve_instance, "stream-per-request", args) as base:
+        yield base
+
+
 def test_grpc_is_the_default(base_url):
     """The handles the graph builds carry the transport: by value over gRPC unless told ``ray``."""
     from ray import serve
@@ -58,11 +67,20 @@ def test_both_transports_answer_alike(base_url, by_reference):
     assert grpc[4] == 400 and "penalty_repeat" in grpc[5]["error"]["message"]
 
 
-@pytest.mark.parametrize("which", ["grpc", "ray"])
-def test_a_client_gone_mid_stream_frees_its_slot(which, base_url, by_reference):
+def test_both_stream_channels_answer_alike(base_url, per_request):
+    assert GraphArgs().stream_channel == "shared"
+    with pytest.raises(ValueError):
+        GraphArgs.model_validate({"stream_channel": "pigeon"})
+    assert answers(base_url) == answers(per_request)
+
+
+@pytest.mark.parametrize("which", ["grpc", "ray", "per_request"])
+def test_a_client_gone_mid_stream_frees_its_slot(which, request):
     """The stream would run to the slot's context (2,048 tokens): the engine counts it cancelled,
     and the slot is free well before the end it would have reached."""
-    base, app = (base_url, "conformance") if which == "grpc" else (by_reference, "transport-ray")
+    fixture, app = {"grpc": ("base_url", "conformance"), "ray": ("by_reference", "transport-ray"),
+                    "per_request": ("per_request", "stream-per-request")}[which]
+    base = request.getfixturevalue(fixture)
     endless = {"prompt": [5, 6, 7], "n_predict": 100000, "ignore_eos": True, "stream": True}
     cancelled = engine_state(app)["n_cancelled"]
 

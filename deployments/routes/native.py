@@ -21,7 +21,7 @@ from ..errors import ApiError, RequestError, invalid
 from ..json_values import json_type
 from ..schema import CompletionParams, parse_completion, split_prompts
 from ..shapes import OaiContext
-from ..streams import close, coalesce, concat_bytes
+from ..streams import close
 
 HEALTH_TIMEOUT_S = 5.0
 
@@ -90,17 +90,18 @@ def prepare(model: ModelEndpoint, body: Any) -> tuple[CompletionParams, list[lis
 
 async def stream(model: ModelEndpoint, params: CompletionParams,
                  prompts: list[list[int]], oai: OaiContext | None = None) -> Response:
-    chunks = model.shaper.options(stream=True).stream.remote(params, prompts, oai)
+    chunks = model.sse(params, prompts, oai)
     try:
         first = await anext(chunks, None)
     except BaseException:  # the client left (or the shaper failed) before the first frame
-        chunks.cancel()
+        await close(chunks)
         raise
     if isinstance(first, tuple):
+        await close(chunks)
         status, payload = first
         return Response(payload, status_code=status, media_type=JSON)
     return StreamingResponse(
-        _with_pings(first, coalesce(chunks, concat_bytes), params.sse_ping_interval),
+        _with_pings(first, chunks, params.sse_ping_interval),
         media_type="text/event-stream",
         headers={"X-Accel-Buffering": "no"},
     )

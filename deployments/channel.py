@@ -1,0 +1,293 @@
+"""Shared channels: one connection between two replica processes carries the stream items of
+every request they have in common.
+
+A Ray Serve streaming call costs a few hundred microseconds of CPU per item on each side, so with
+one stream per request the graph's cost grows with streams × items. With a channel, each request
+is still one Ray Serve call per hop, routed by the handle as before (``max_ongoing_requests``,
+back-pressure, the autoscaler's metric, the prefix router and multiplexing see it for its whole
+life, and cancelling it stops the work upstream), but the call returns only how many items it
+sent; the items travel on the channel. The receiving process (a shaper for the replica's events,
+an ingress for the shaper's SSE chunks) listens; the sending one connects on its first request
+to it and sends everything that is ready in one loop iteration as one frame, whichever requests
+it belongs to.
+
+A frame is an 8-byte length and a pickle of ``[(request id, item), ...]``. A connection opens
+with the listener's secret (it travels only in Ray calls), so nothing else can feed it pickles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import pickle
+import secrets
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("mlxray.channel")
+
+HEADER = struct.Struct("!Q")
+TOKEN_BYTES = 16
+SEND_BUFFER_BYTES = 4 << 20  # past this much unsent data, a sender waits for the socket
+LATE_ITEMS_S = 30.0  # after a call returned, its items are on the wire: this is a lost channel
+
+
+class ChannelLost(ConnectionError):
+    """The connection that carried a request's items broke before they all arrived."""
+
+
+@dataclass(frozen=True)
+class ReplyTo:
+    """Where the items of one request go: a listener and the request's id there."""
+
+    host: str
+    port: int
+    token: bytes
+    request_id: int
+
+
+# ---- the receiving side --------------------------------------------------------------------
+class _CallDone:
+    def __init__(self, task: asyncio.Future):
+        self.task = task
+
+
+_LOST = object()
+
+
+class Listener:
+    """The receiving end in one process: a TCP server and an inbox per request in flight."""
+
+    def __init__(self, host: str | None = None) -> None:
+        self._inboxes: dict[int, asyncio.Queue] = {}
+        self._connection_of: dict[int, int] = {}  # request id -> the connection it arrived on
+        self._ids = itertools.count(1)
+        self._connections = itertools.count(1)
+        self._token = secrets.token_bytes(TOKEN_BYTES)
+        self._server: asyncio.AbstractServer | None = None
+        self._starting: asyncio.Lock | None = None
+        self.host = host or ""
+        self.port = 0
+        self.connections = self.frames = self.items = 0  # since start, for state()
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._server is None:
+                self.host = self.host or _node_ip()
+                self._server = await asyncio.start_server(self._serve, self.host, 0)
+                self.port = self._server.sockets[0].getsockname()[1]
+
+    def state(self) -> dict:
+        """Where it listens and what it has received: connections, frames and items."""
+        return {"host": self.host, "port": self.port, "connections": self.connections,
+                "frames": self.frames, "items": self.items, "in_flight": len(self._inboxes)}
+
+    def open(self) -> tuple[ReplyTo, asyncio.Queue]:
+        request_id = next(self._ids)
+        inbox: asyncio.Queue = asyncio.Queue()
+        self._inboxes[request_id] = inbox
+        return ReplyTo(self.host, self.port, self._token, request_id), inbox
+
+    def close(self, request_id: int) -> None:
+        self._inboxes.pop(request_id, None)
+        self._connection_of.pop(request_id, None)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = next(self._connections)
+        try:
+            token = await reader.readexactly(TOKEN_BYTES)
+            if not hmac.compare_digest(token, self._token):
+                log.warning("a channel connection with a wrong token was refused")
+                return
+            self.connections += 1
+            while True:
+                (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+                self._deliver(pickle.loads(await reader.readexactly(size)), connection)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the sender went away: its requests in flight hear it below
+        except asyncio.CancelledError:  # the loop is closing; on 3.11 asyncio's stream
+            pass  # callback would log a cancelled connection task as an error
+        finally:
+            writer.close()
+            for request_id, on in list(self._connection_of.items()):
+                if on == connection and request_id in self._inboxes:
+                    self._inboxes[request_id].put_nowait(_LOST)
+
+    def _deliver(self, frame: list[tuple[int, Any]], connection: int) -> None:
+        self.frames += 1
+        self.items += len(frame)
+        for request_id, item in frame:
+            inbox = self._inboxes.get(request_id)
+            if inbox is not None:  # else the request ended here (cancelled) before its items
+                self._connection_of[request_id] = connection
+                inbox.put_nowait(item)
+
+
+async def receive(listener: Listener, call: Callable[[ReplyTo], Any],
+                  merge: Callable[[list[Any]], Any]) -> AsyncIterator[Any]:
+    """Make the request's call (``call(reply_to)`` returns a Ray Serve response that resolves to
+    the number of items sent) and yield its items, each time ``merge`` of all that arrived.
+
+    The call's failure (the replica died, the request was refused by Serve) is raised after the
+    items before it. Closing this iterator early cancels the call, so the work upstream stops.
+    """
+    await listener.start()
+    reply, inbox = listener.open()
+    response = call(reply)
+    result = asyncio.ensure_future(_await(response))
+    result.add_done_callback(lambda task: inbox.put_nowait(_CallDone(task)))
+    expected: int | None = None
+    received = 0
+    try:
+        while expected is None or received < expected:
+            if expected is None:
+                ready = [await inbox.get()]
+            else:
+                try:
+                    ready = [await asyncio.wait_for(inbox.get(), LATE_ITEMS_S)]
+                except asyncio.TimeoutError:
+                    raise ChannelLost(f"{expected - received} items never arrived") from None
+            while not inbox.empty():
+                ready.append(inbox.get_nowait())
+            items, failure = [], None
+            for entry in ready:
+                if isinstance(entry, _CallDone):
+                    if entry.task.cancelled():
+                        failure = asyncio.CancelledError()
+                    elif entry.task.exception() is not None:
+                        failure = entry.task.exception()
+                    else:
+                        expected = entry.task.result()
+                elif entry is _LOST:
+                    failure = ChannelLost("the channel from the sending replica broke")
+                else:
+                    items.append(entry)
+            received += len(items)
+            if items:
+                yield merge(items)
+            if failure is not None:
+                raise failure
+    finally:
+        listener.close(reply.request_id)
+        if not result.done():
+            response.cancel()
+            result.cancel()
+
+
+async def _await(response: Any) -> Any:
+    return await response
+
+
+# ---- the sending side ----------------------------------------------------------------------
+class _Link:
+    """One connection to a listener; what is sent in one loop iteration leaves as one frame."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.pending: list[tuple[int, Any]] = []
+        self.broken = False
+        self._watch = asyncio.ensure_future(self._watch_close(reader))
+
+    async def _watch_close(self, reader: asyncio.StreamReader) -> None:
+        try:
+            await reader.read()  # the listener never writes: this returns when it closes
+        except ConnectionError:
+            pass
+        self.broken = True
+        self.writer.close()
+
+    def send(self, request_id: int, item: Any) -> None:
+        if self.broken or self.writer.is_closing():
+            self.broken = True
+            raise ChannelLost("the channel to the receiving replica is closed")
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.pending.append((request_id, item))
+
+    def _flush(self) -> None:
+        frame, self.pending = self.pending, []
+        if self.broken or not frame:
+            return
+        data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+        self.writer.write(HEADER.pack(len(data)) + data)
+
+    async def drain(self) -> None:
+        if self.writer.transport.get_write_buffer_size() > SEND_BUFFER_BYTES:
+            await self.writer.drain()
+
+
+class Sender:
+    """The sending end in one process: a link per listener, opened on first use."""
+
+    def __init__(self) -> None:
+        self._links: dict[tuple[str, int, bytes], asyncio.Future] = {}
+
+    async def send(self, reply: ReplyTo, item: Any) -> None:
+        link = await self._link(reply)
+        link.send(reply.request_id, item)
+        await link.drain()
+
+    async def _link(self, reply: ReplyTo) -> _Link:
+        key = (reply.host, reply.port, reply.token)
+        opening = self._links.get(key)
+        if opening is not None and opening.done() and (
+                opening.cancelled() or opening.exception() is not None or opening.result().broken):
+            opening = None
+        if opening is None:
+            opening = asyncio.ensure_future(_connect(reply))
+            self._links[key] = opening
+        return await asyncio.shield(opening)
+
+
+async def _connect(reply: ReplyTo) -> _Link:
+    reader, writer = await asyncio.open_connection(reply.host, reply.port)
+    writer.write(reply.token)
+    return _Link(reader, writer)
+
+
+async def pump(items: AsyncIterator[Any], sender: Sender, reply: ReplyTo) -> int:
+    """Send every item of ``items`` to ``reply``; the number sent. Cancelled (the caller went
+    away) or unable to send, it closes ``items`` at once, so the work behind them stops."""
+    sent = 0
+    try:
+        async for item in items:
+            await sender.send(reply, item)
+            sent += 1
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if callable(aclose):
+            await aclose()
+    return sent
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+_listener: Listener | None = None
+_sender: Sender | None = None
+
+
+def listener() -> Listener:
+    """This process's listener (a replica process receives on one port, whatever it serves)."""
+    global _listener
+    if _listener is None:
+        _listener = Listener()
+    return _listener
+
+
+def sender() -> Sender:
+    global _sender
+    if _sender is None:
+        _sender = Sender()
+    return _sender
