@@ -216,7 +216,13 @@ class _Link:
         frame, self.pending = self.pending, []
         if self.broken or not frame:
             return
-        data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an item that cannot travel: its requests end as a lost channel
+            log.exception("a stream-channel frame could not be pickled")
+            self.broken = True
+            self.writer.close()
+            return
         self.writer.write(HEADER.pack(len(data)) + data)
 
     async def drain(self) -> None:
@@ -238,13 +244,16 @@ class Sender:
     async def _link(self, reply: ReplyTo) -> _Link:
         key = (reply.host, reply.port, reply.token)
         opening = self._links.get(key)
-        if opening is not None and opening.done() and (
-                opening.cancelled() or opening.exception() is not None or opening.result().broken):
-            opening = None
-        if opening is None:
-            opening = asyncio.ensure_future(_connect(reply))
-            self._links[key] = opening
+        if opening is None or _failed(opening):
+            # links to listeners gone (a replaced replica's) are dropped as a new one opens
+            self._links = {k: f for k, f in self._links.items() if not _failed(f)}
+            opening = self._links[key] = asyncio.ensure_future(_connect(reply))
         return await asyncio.shield(opening)
+
+
+def _failed(opening: asyncio.Future) -> bool:
+    return opening.done() and (opening.cancelled() or opening.exception() is not None
+                               or opening.result().broken)
 
 
 async def _connect(reply: ReplyTo) -> _Link:
