@@ -64,7 +64,7 @@ class ModelEndpoint:
             oai: OaiContext | None) -> AsyncIterator[bytes | tuple[int, bytes]]:
         """The shaper's ``stream`` items (SSE chunks, or one (status, JSON) refusal); those that
         queue up while the client reads arrive as one."""
-        if self.args.stream_channel == "shared":
+        if channel.shared(self.args.stream_channel):
             shaper = self.shaper
             return channel.receive(
                 channel.listener(),

@@ -12,7 +12,8 @@ to it and sends everything that is ready in one loop iteration as one frame, whi
 it belongs to.
 
 A frame is an 8-byte length and a pickle of ``[(request id, item), ...]``. A connection opens
-with the listener's secret (it travels only in Ray calls), so nothing else can feed it pickles.
+with the listener's secret, which the request's Ray call carries to the sender; the connection
+itself is plain TCP, so with Ray's TLS on the items stay on Ray Serve's streams (``shared``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import asyncio
 import hmac
 import itertools
 import logging
+import os
 import pickle
 import secrets
 import struct
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("mlxray.channel")
@@ -34,10 +36,20 @@ HEADER = struct.Struct("!Q")
 TOKEN_BYTES = 16
 SEND_BUFFER_BYTES = 4 << 20  # past this much unsent data, a sender waits for the socket
 LATE_ITEMS_S = 30.0  # after a call returned, its items are on the wire: this is a lost channel
+CONNECT_S = 5.0  # to open a connection, or to present its secret
 
 
 class ChannelLost(ConnectionError):
     """The connection that carried a request's items broke before they all arrived."""
+
+
+class FailedAfter(Exception):
+    """The sender failed after sending ``sent`` items: the receiver raises ``error`` once
+    those have arrived, so the failure does not overtake them."""
+
+    def __init__(self, sent: int, error: BaseException):
+        super().__init__(sent, error)
+        self.sent, self.error = sent, error
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,15 @@ class ReplyTo:
 
     host: str
     port: int
-    token: bytes
+    token: bytes = field(repr=False)
     request_id: int
+
+
+def shared(stream_channel: str) -> bool:
+    """Whether stream items take the shared channels: asked for, and Ray not running with TLS
+    (the channels are plain TCP)."""
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+    return stream_channel == "shared" and not tls
 
 
 # ---- the receiving side --------------------------------------------------------------------
@@ -103,7 +122,7 @@ class Listener:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = next(self._connections)
         try:
-            token = await reader.readexactly(TOKEN_BYTES)
+            token = await asyncio.wait_for(reader.readexactly(TOKEN_BYTES), CONNECT_S)
             if not hmac.compare_digest(token, self._token):
                 log.warning("a channel connection with a wrong token was refused")
                 return
@@ -111,7 +130,7 @@ class Listener:
             while True:
                 (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
                 self._deliver(pickle.loads(await reader.readexactly(size)), connection)
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             pass  # the sender went away: its requests in flight hear it below
         except asyncio.CancelledError:  # the loop is closing; on 3.11 asyncio's stream
             pass  # callback would log a cancelled connection task as an error
@@ -131,59 +150,95 @@ class Listener:
                 inbox.put_nowait(item)
 
 
+class _Tally:
+    """One request's account: items received, items its call says were sent, its failure."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.expected: int | None = None
+        self.failure: BaseException | None = None  # raised at once
+        self.failure_after: BaseException | None = None  # raised once ``expected`` arrived
+
+    @property
+    def complete(self) -> bool:
+        return self.expected is not None and self.received >= self.expected
+
+    def take(self, ready: list[Any]) -> list[Any]:
+        """The items among ``ready``; the call's outcome and a lost channel are noted."""
+        items = []
+        for entry in ready:
+            if isinstance(entry, _CallDone):
+                self._call_done(entry.task)
+            elif entry is _LOST:
+                self.failure = ChannelLost("the channel from the sending replica broke")
+            else:
+                items.append(entry)
+        self.received += len(items)
+        return items
+
+    def _call_done(self, task: asyncio.Future) -> None:
+        if task.cancelled():
+            self.failure = asyncio.CancelledError()
+            return
+        error = task.exception()
+        if error is None:
+            self.expected = task.result()
+            return
+        after = getattr(error, "cause", None) or error  # Ray wraps the sender's exception
+        if isinstance(after, FailedAfter):
+            self.expected, self.failure_after = after.sent, after.error
+        else:
+            self.failure = error
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self.complete and self.failure_after is not None:
+            raise self.failure_after
+
+
 async def receive(listener: Listener, call: Callable[[ReplyTo], Any],
                   merge: Callable[[list[Any]], Any]) -> AsyncIterator[Any]:
     """Make the request's call (``call(reply_to)`` returns a Ray Serve response that resolves to
     the number of items sent) and yield its items, each time ``merge`` of all that arrived.
 
-    The call's failure (the replica died, the request was refused by Serve) is raised after the
-    items before it. Closing this iterator early cancels the call, so the work upstream stops.
+    A failure of the call (the replica died, the request was refused by Serve) is raised after
+    the items the sender had sent. Closing this iterator early cancels the call, so the work
+    upstream stops.
     """
     await listener.start()
     reply, inbox = listener.open()
-    response = call(reply)
-    result = asyncio.ensure_future(_await(response))
-    result.add_done_callback(lambda task: inbox.put_nowait(_CallDone(task)))
-    expected: int | None = None
-    received = 0
+    response = result = None
+    tally = _Tally()
     try:
-        while expected is None or received < expected:
-            if expected is None:
-                ready = [await inbox.get()]
-            else:
-                try:
-                    ready = [await asyncio.wait_for(inbox.get(), LATE_ITEMS_S)]
-                except asyncio.TimeoutError:
-                    raise ChannelLost(f"{expected - received} items never arrived") from None
-            while not inbox.empty():
-                ready.append(inbox.get_nowait())
-            items, failure = [], None
-            for entry in ready:
-                if isinstance(entry, _CallDone):
-                    if entry.task.cancelled():
-                        failure = asyncio.CancelledError()
-                    elif entry.task.exception() is not None:
-                        failure = entry.task.exception()
-                    else:
-                        expected = entry.task.result()
-                elif entry is _LOST:
-                    failure = ChannelLost("the channel from the sending replica broke")
-                else:
-                    items.append(entry)
-            received += len(items)
+        response = call(reply)
+        result = asyncio.ensure_future(response)
+        result.add_done_callback(lambda task: inbox.put_nowait(_CallDone(task)))
+        while not tally.complete:
+            items = tally.take(await _ready(inbox, late=tally.expected is not None))
             if items:
                 yield merge(items)
-            if failure is not None:
-                raise failure
+            tally.check()
+        tally.check()
     finally:
         listener.close(reply.request_id)
-        if not result.done():
+        if result is not None and not result.done():
             response.cancel()
             result.cancel()
+        elif result is not None and not result.cancelled():
+            result.exception()  # seen, whatever ended the stream first
 
 
-async def _await(response: Any) -> Any:
-    return await response
+async def _ready(inbox: asyncio.Queue, late: bool) -> list[Any]:
+    """Everything in ``inbox`` once it has something; ``late``: the call has returned, so its
+    items are on the wire, and one that never comes means the channel was lost."""
+    try:
+        ready = [await asyncio.wait_for(inbox.get(), LATE_ITEMS_S if late else None)]
+    except asyncio.TimeoutError:
+        raise ChannelLost("items the sender sent never arrived") from None
+    while not inbox.empty():
+        ready.append(inbox.get_nowait())
+    return ready
 
 
 # ---- the sending side ----------------------------------------------------------------------
@@ -194,36 +249,49 @@ class _Link:
         self.writer = writer
         self.pending: list[tuple[int, Any]] = []
         self.broken = False
+        self.unsendable: dict[int, Exception] = {}  # request id -> why an item could not go
         self._watch = asyncio.ensure_future(self._watch_close(reader))
 
     async def _watch_close(self, reader: asyncio.StreamReader) -> None:
         try:
             await reader.read()  # the listener never writes: this returns when it closes
-        except ConnectionError:
-            pass
-        self.broken = True
-        self.writer.close()
+        finally:
+            self.broken = True
+            self.writer.close()
 
     def send(self, request_id: int, item: Any) -> None:
+        self.check(request_id)
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.pending.append((request_id, item))
+
+    def check(self, request_id: int) -> None:
+        """Raise what keeps this request's items from their listener."""
         if self.broken or self.writer.is_closing():
             self.broken = True
             raise ChannelLost("the channel to the receiving replica is closed")
-        if not self.pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self.pending.append((request_id, item))
+        if request_id in self.unsendable:  # a bug: the request fails without waiting for its
+            raise FailedAfter(0, self.unsendable.pop(request_id))  # dropped items
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         frame, self.pending = self.pending, []
         if self.broken or not frame:
             return
         try:
             data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # an item that cannot travel: its requests end as a lost channel
-            log.exception("a stream-channel frame could not be pickled")
-            self.broken = True
-            self.writer.close()
-            return
+        except Exception:  # noqa: BLE001 - one request's item: the others still go
+            data = pickle.dumps([e for e in frame if self._picklable(e)],
+                                protocol=pickle.HIGHEST_PROTOCOL)
         self.writer.write(HEADER.pack(len(data)) + data)
+
+    def _picklable(self, entry: tuple[int, Any]) -> bool:
+        try:
+            pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - kept for the request's sender to raise
+            log.exception("a stream item could not be pickled")
+            self.unsendable[entry[0]] = exc
+            return False
+        return True
 
     async def drain(self) -> None:
         if self.writer.transport.get_write_buffer_size() > SEND_BUFFER_BYTES:
@@ -236,12 +304,7 @@ class Sender:
     def __init__(self) -> None:
         self._links: dict[tuple[str, int, bytes], asyncio.Future] = {}
 
-    async def send(self, reply: ReplyTo, item: Any) -> None:
-        link = await self._link(reply)
-        link.send(reply.request_id, item)
-        await link.drain()
-
-    async def _link(self, reply: ReplyTo) -> _Link:
+    async def link(self, reply: ReplyTo) -> _Link:
         key = (reply.host, reply.port, reply.token)
         opening = self._links.get(key)
         if opening is None or _failed(opening):
@@ -257,24 +320,44 @@ def _failed(opening: asyncio.Future) -> bool:
 
 
 async def _connect(reply: ReplyTo) -> _Link:
-    reader, writer = await asyncio.open_connection(reply.host, reply.port)
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(reply.host, reply.port), CONNECT_S)
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise ChannelLost(
+            f"cannot reach the stream-channel listener at {reply.host}:{reply.port} ({exc!r}); "
+            "nodes that only open Ray's own ports to each other need stream_channel: "
+            "per_request") from None
     writer.write(reply.token)
     return _Link(reader, writer)
 
 
 async def pump(items: AsyncIterator[Any], sender: Sender, reply: ReplyTo) -> int:
-    """Send every item of ``items`` to ``reply``; the number sent. Cancelled (the caller went
-    away) or unable to send, it closes ``items`` at once, so the work behind them stops."""
+    """Send every item of ``items`` to ``reply`` on one link; the number sent, once all are
+    written. An error of ``items`` is raised as ``FailedAfter`` (the receiver raises it after
+    the items before it); cancelled (the caller went away) or unable to send, it closes
+    ``items`` at once, so the work behind them stops."""
     sent = 0
+    link: _Link | None = None
     try:
+        link = await sender.link(reply)
         async for item in items:
-            await sender.send(reply, item)
+            link.send(reply.request_id, item)
             sent += 1
+            await link.drain()
+        link.flush()  # now: the count returned must not overtake the items
+        link.check(reply.request_id)
+        return sent
+    except (ChannelLost, FailedAfter):
+        raise
+    except Exception as exc:
+        if link is not None:
+            link.flush()
+        raise FailedAfter(sent, exc) from exc
     finally:
         aclose = getattr(items, "aclose", None)
         if callable(aclose):
             await aclose()
-    return sent
 
 
 def _node_ip() -> str:

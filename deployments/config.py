@@ -98,14 +98,17 @@ class GraphArgs(BaseModel):
                                  "0 no prefix cache")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
-        description="streams: after the first token, gather tokens for at least this long per "
-                    "item (fewer Ray round trips per token; the first token is never held)")
+        description="streams: after the first token, gather tokens for this long per item, "
+                    "on a grid all streams share (fewer Ray round trips per token; the first "
+                    "token is never held)")
     stream_interval_per_sequence_ms: float = Field(
         PER_SEQUENCE_MS, ge=0.0, le=1000.0,
         description="streams: gather this much longer for each sequence the engine is running "
                     "(0 with stream_interval_ms 0: every token leaves at once, as llama-server)")
     stream_interval_max_ms: float = Field(
-        MAX_INTERVAL_MS, ge=0.0, le=1000.0, description="streams: the longest gather interval")
+        MAX_INTERVAL_MS, ge=0.0, le=1000.0,
+        description="streams: the longest gather interval (a stream's first wait after its "
+                    "first token reaches the grid: half an interval to one and a half)")
     handle_transport: Literal["grpc", "ray"] = Field(
         "grpc", description="how the ingress, the response shapers and the model replicas "
                             "call each other: grpc (Ray Serve's inter-deployment gRPC, "
@@ -116,8 +119,9 @@ class GraphArgs(BaseModel):
         "shared", description="how stream items travel from a model replica to a shaper and "
                               "from a shaper to the ingress: shared (one connection per pair "
                               "of processes carries every request's items, each request still "
-                              "one routed Ray Serve call per hop; deployments/channel.py) or "
-                              "per_request (each request's items are its own Ray Serve stream)")
+                              "one routed Ray Serve call per hop; deployments/channel.py; "
+                              "per_request when Ray runs with TLS) or per_request (each "
+                              "request's items are its own Ray Serve stream)")
     max_queue: int = Field(256, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")

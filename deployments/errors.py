@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .channel import ChannelLost
+
 STATUS_BY_TYPE = {
     "invalid_request_error": 400,
     "exceed_context_size_error": 400,
@@ -85,8 +87,6 @@ def from_failure(exc: BaseException) -> ApiError:
         exc = exc.exceptions[0]
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
         exc = exc.cause  # the exception raised in the other deployment, without Ray's traceback
-    from .channel import ChannelLost
-
     unavailable = (RayActorError, ActorUnavailableError, BackPressureError,
                    DeploymentUnavailableError, ChannelLost)
     if isinstance(exc, unavailable):

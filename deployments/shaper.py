@@ -28,7 +28,7 @@ def _error(ev: ErrorEvent) -> ApiError:
 @serve.deployment(name="ResponseShaper", max_ongoing_requests=1000)
 class ResponseShaper:
     def __init__(self, replica: DeploymentHandle, args: GraphArgs):
-        self.shared = args.stream_channel == "shared"
+        self.shared = channel.shared(args.stream_channel)
         self.replica = args.handle(replica).options(stream=not self.shared)
         self.model_name = args.model_name
 

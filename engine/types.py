@@ -233,7 +233,8 @@ class Gather:
     """How long a stream's tokens after the first gather before they leave as one batch:
     ``floor_s`` plus ``per_sequence_s`` for each sequence the engine is running, at most
     ``max_s``. A lone stream then gets a batch every few milliseconds (invisible to a reader),
-    a busy engine fuller ones, and the graph's cost per token falls as the load rises.
+    a busy engine fuller ones, and the graph's cost per token falls as the load rises. The
+    batches leave on a grid of that interval shared by every stream (``aio.next_tick``).
     ``Gather()`` sends every batch as soon as it is ready (llama-server's timing)."""
 
     floor_s: float = 0.0

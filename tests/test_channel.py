@@ -6,6 +6,7 @@ default graph's shaper and ingress receiving over it."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_a_broken_connection_fails_its_requests_and_the_sender_reconnects():
         hold = asyncio.Event()
 
         async def one_then_hang(reply):
-            await sender.send(reply, [(0, 0)])
+            (await sender.link(reply)).send(reply.request_id, [(0, 0)])
             await hold.wait()
 
         stream = channel.receive(listener, lambda reply: Call(one_then_hang(reply)), concat_lists)
@@ -152,6 +153,60 @@ def test_a_broken_connection_fails_its_requests_and_the_sender_reconnects():
     assert items == [(1, 0), (1, 1)] and connections == 2
 
 
+def test_an_item_that_cannot_travel_fails_its_request_alone():
+    async def scenario():
+        listener, sender = channel.Listener("127.0.0.1"), channel.Sender()
+
+        async def with_a_lambda():
+            yield [(0, 0)]
+            await asyncio.sleep(0)
+            yield [lambda: None]
+
+        bad = channel.receive(
+            listener, lambda reply: Call(channel.pump(with_a_lambda(), sender, reply)),
+            concat_lists)
+        good = channel.receive(
+            listener, lambda reply: Call(channel.pump(numbers(20, 1), sender, reply)),
+            concat_lists)
+        return await asyncio.gather(collect(bad), collect(good), return_exceptions=True)
+
+    bad, good = run(scenario())
+    assert isinstance(bad, Exception) and "pickle" in repr(bad).lower()
+    assert good == [(1, i) for i in range(20)]
+
+
+def test_a_listener_out_of_reach_is_a_lost_channel_that_names_the_fix():
+    async def scenario():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # nothing listens there once closed
+        reply = channel.ReplyTo("127.0.0.1", port, b"x" * channel.TOKEN_BYTES, 1)
+        with pytest.raises(channel.ChannelLost, match="stream_channel: per_request"):
+            await channel.pump(numbers(3, 0), channel.Sender(), reply)
+
+    run(scenario())
+
+
+def test_a_connection_that_never_presents_the_secret_is_closed(monkeypatch):
+    monkeypatch.setattr(channel, "CONNECT_S", 0.2)
+
+    async def scenario():
+        listener = channel.Listener("127.0.0.1")
+        await listener.start()
+        reader, writer = await asyncio.open_connection(listener.host, listener.port)
+        closed = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return closed
+
+    assert run(scenario()) == b""
+
+
+def test_shared_channels_give_way_to_ray_tls(monkeypatch):
+    assert channel.shared("shared") and not channel.shared("per_request")
+    monkeypatch.setenv("RAY_USE_TLS", "1")
+    assert not channel.shared("shared")
+
+
 def test_items_that_never_arrive_end_the_request(monkeypatch):
     monkeypatch.setattr(channel, "LATE_ITEMS_S", 0.2)
 
@@ -161,7 +216,7 @@ def test_items_that_never_arrive_end_the_request(monkeypatch):
     async def scenario():
         listener = channel.Listener("127.0.0.1")
         stream = channel.receive(listener, lambda reply: Call(claims_three(reply)), concat_lists)
-        with pytest.raises(channel.ChannelLost, match="3 items never arrived"):
+        with pytest.raises(channel.ChannelLost, match="never arrived"):
             await anext(stream)
 
     run(scenario())

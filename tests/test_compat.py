@@ -253,20 +253,14 @@ def test_inert_field_changes_nothing(client, greedy_answer, entry):
     assert r.json()["tokens"] == greedy_answer["tokens"]
 
 
-class _SilentShaper:
-    """The shaper's stream as the route sees it: a first frame, then ``delay`` s of silence."""
+class _SilentModel:
+    """The model's SSE items as the route sees them: a first frame, then ``delay`` s of
+    silence."""
 
     def __init__(self, delay: float):
         self.delay = delay
 
-    def options(self, stream: bool):
-        return self
-
-    @property
-    def stream(self):
-        return self
-
-    def remote(self, params, prompts, oai=None):
+    def sse(self, params, prompts, oai=None):
         return _Frames(self.delay)
 
 
@@ -296,14 +290,12 @@ def test_sse_ping_after_silence():
     """sse_ping_interval as the native route reads it: the request's value, parsed by the schema,
     makes the route's SSE body send a ``:`` comment after that many seconds without a frame; the
     default (30 s) and -1 send none within 1.3 s."""
-    from types import SimpleNamespace
-
     from deployments.routes.native import stream
     from deployments.schema import CompletionParams, ParseContext, parse_completion
 
     async def body(fields: dict) -> list[bytes]:
         params = parse_completion({"stream": True, **fields}, ParseContext(), CompletionParams())
-        response = await stream(SimpleNamespace(shaper=_SilentShaper(1.3)), params, [[0]])
+        response = await stream(_SilentModel(1.3), params, [[0]])
         return [chunk async for chunk in response.body_iterator]
 
     frames = [b"data: first\n\n", b"data: late\n\n"]

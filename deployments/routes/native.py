@@ -97,7 +97,8 @@ async def stream(model: ModelEndpoint, params: CompletionParams,
         await close(chunks)
         raise
     if isinstance(first, tuple):
-        await close(chunks)
+        async for _ in chunks:  # nothing follows a refusal: the shaper's call just ends
+            pass
         status, payload = first
         return Response(payload, status_code=status, media_type=JSON)
     return StreamingResponse(
