@@ -121,7 +121,11 @@ def test_past_the_queue_bound_is_503_and_the_queue_is_served_in_arrival_order(qu
 @pytest.mark.heavy
 def test_replica_killed_under_load_fails_in_flight_requests_then_recovers(queue_app):
     """SIGKILL the replica's process (its PID from Ray) while one stream runs and two requests
-    wait: each ends with the envelope (an error frame once streaming); the graph then serves."""
+    wait: each ends with the envelope (an error frame once streaming); the graph then serves,
+    the replacement's events on a new connection to the shaper's stream channel."""
+    from ray import serve
+
+    shaper = serve.get_deployment_handle("ResponseShaper", app_name=APP)
     pid = engine_state(APP)["pid"]
 
     async def scenario():
@@ -149,8 +153,11 @@ def test_replica_killed_under_load_fails_in_flight_requests_then_recovers(queue_
         assert r.headers["content-type"].startswith("application/json")
         assert_envelope(r.status_code, r.content)
 
+    connections = shaper.channel_state.remote().result(timeout_s=30)["connections"]
     recovery = serves_again(queue_app, timeout=90) - killed_at
     assert engine_state(APP)["pid"] != pid
+    after = shaper.channel_state.remote().result(timeout_s=30)
+    assert after["connections"] == connections + 1 and after["in_flight"] == 0
     print(f"\nreplica SIGKILL: graph served again after {recovery:.1f} s")
 
 
