@@ -105,8 +105,9 @@ class Listener:
                 self.port = self._server.sockets[0].getsockname()[1]
 
     def state(self) -> dict:
-        """Where it listens and what it has received: connections, frames and items."""
-        return {"host": self.host, "port": self.port, "connections": self.connections,
+        """Its process, where it listens, and what it has received: connections, frames, items."""
+        return {"pid": os.getpid(), "host": self.host, "port": self.port,
+                "connections": self.connections,
                 "frames": self.frames, "items": self.items, "in_flight": len(self._inboxes)}
 
     def open(self) -> tuple[ReplyTo, asyncio.Queue]:

@@ -153,6 +153,29 @@ def test_a_broken_connection_fails_its_requests_and_the_sender_reconnects():
     assert items == [(1, 0), (1, 1)] and connections == 2
 
 
+def test_a_sender_whose_listener_went_away_stops_its_source():
+    """The receiving process died: the sender's next item raises ChannelLost and the source is
+    closed (in a replica: the engine cancels the request) without waiting for a caller."""
+    async def scenario():
+        listener, sender = channel.Listener("127.0.0.1"), channel.Sender()
+        ended: list = []
+        pumps: list = []
+
+        def call(reply):
+            pumps.append(Call(channel.pump(numbers(10**9, 3, ended=ended), sender, reply)))
+            return pumps[0]
+
+        stream = channel.receive(listener, call, concat_lists)
+        await anext(stream)
+        (link,) = [await f for f in sender._links.values()]
+        link.writer.transport.abort()  # as if the listener's process had died
+        with pytest.raises(channel.ChannelLost):
+            await asyncio.wait_for(pumps[0].task, 5)
+        return ended
+
+    assert run(scenario()) == [3]
+
+
 def test_an_item_that_cannot_travel_fails_its_request_alone():
     async def scenario():
         listener, sender = channel.Listener("127.0.0.1"), channel.Sender()

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from . import conftest
 from .reliability import (
     ENDLESS,
     Frames,
@@ -159,6 +160,43 @@ def test_replica_killed_under_load_fails_in_flight_requests_then_recovers(queue_
     after = shaper.channel_state.remote().result(timeout_s=30)
     assert after["connections"] == connections + 1 and after["in_flight"] == 0
     print(f"\nreplica SIGKILL: graph served again after {recovery:.1f} s")
+
+
+@pytest.mark.heavy
+def test_shaper_killed_mid_stream_ends_the_stream_with_an_error_frame(queue_app):
+    """SIGKILL the response shaper's process while a stream runs: the ingress's channel from it
+    breaks, and the client's stream ends with the error frame (deployments/app.py's
+    EnvelopeOnFailure); the engine drops the request (the replica can no longer send its
+    events); the replacement shaper streams on a new connection to the ingress's channel."""
+    from ray import serve
+
+    shaper = serve.get_deployment_handle("ResponseShaper", app_name=APP)
+    ingress = serve.get_deployment_handle("Ingress", app_name=APP)
+    pid = shaper.channel_state.remote().result(timeout_s=30)["pid"]
+    cancelled = engine_state(APP)["n_cancelled"]
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=queue_app, timeout=60) as client:
+            async with client.stream("POST", "/completion", json=ENDLESS) as running:
+                frames = Frames(running)
+                await frames.next()  # the shaper is connected to the ingress's listener now
+                connections = (await ingress.channel_state.remote())["connections"]
+                os.kill(pid, signal.SIGKILL)
+                return connections, await frames.rest()
+
+    connections, frames = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert frames[-1]["error"]["code"] == 503
+    assert all("error" not in f for f in frames[:-1])
+    state = conftest.wait_for(lambda: (s := engine_state(APP))["n_active"] == 0 and s,
+                              timeout=30, what="the engine dropped the orphaned request")
+    assert state["n_cancelled"] == cancelled + 1  # cancelled, not run to its 1,500 tokens
+    serves_again(queue_app, timeout=90)
+    r = httpx.post(queue_app + "/completion", json={"prompt": "x", "stream": True, **SHORT},
+                   timeout=30)
+    assert r.status_code == 200 and r.text.count("data: ") >= 2
+    state = shaper.channel_state.remote().result(timeout_s=30)
+    assert state["pid"] != pid
+    assert ingress.channel_state.remote().result(timeout_s=30)["connections"] == connections + 1
 
 
 def serves_again(base: str, timeout: float) -> float:
