@@ -38,6 +38,7 @@ class ModelEndpoint:
         self.shaper = shaper
         self.replica = replica
         self.args = args
+        self.shared_channel = channel.shared(args.stream_channel)
         self.vocab = vocab
         self.defaults = server_defaults(
             args.sampling, args.temperature, args.seed, args.n_predict,
@@ -64,7 +65,7 @@ class ModelEndpoint:
             oai: OaiContext | None) -> AsyncIterator[bytes | tuple[int, bytes]]:
         """The shaper's ``stream`` items (SSE chunks, or one (status, JSON) refusal); those that
         queue up while the client reads arrive as one."""
-        if channel.shared(self.args.stream_channel):
+        if self.shared_channel:
             shaper = self.shaper
             return channel.receive(
                 channel.listener(),

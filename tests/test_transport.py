@@ -32,19 +32,23 @@ def answers(base: str) -> list:
             oai["choices"][0]["text"], refused.status_code, refused.json()]
 
 
+def conformance_variant(serve_instance: int, name: str, **overrides):
+    """The conformance app's settings with ``overrides``, as an application of its own."""
+    args = {**conftest.CONFORMANCE_ARGS, **overrides}
+    args.pop("model")
+    return dedicated_app(serve_instance, name, args)
+
+
 @pytest.fixture(scope="module")
 def by_reference(serve_instance: int):
-    args = {**conftest.CONFORMANCE_ARGS, "handle_transport": "ray"}
-    args.pop("model")
-    with dedicated_app(serve_instance, "transport-ray", args) as base:
+    with conformance_variant(serve_instance, "transport-ray", handle_transport="ray") as base:
         yield base
 
 
 @pytest.fixture(scope="module")
 def per_request(serve_instance: int):
-    args = {**conftest.CONFORMANCE_ARGS, "stream_channel": "per_request"}
-    args.pop("model")
-    with dedicated_app(serve_instance, "stream-per-request", args) as base:
+    with conformance_variant(serve_instance, "stream-per-request",
+                             stream_channel="per_request") as base:
         yield base
 
 
