@@ -72,10 +72,15 @@ def test_both_transports_answer_alike(base_url, by_reference):
 
 
 def test_both_stream_channels_answer_alike(base_url, per_request):
+    from ray import serve
+
     assert GraphArgs().stream_channel == "shared"
     with pytest.raises(ValueError):
         GraphArgs.model_validate({"stream_channel": "pigeon"})
     assert answers(base_url) == answers(per_request)
+    for name in ("ResponseShaper", "Ingress"):  # the setting is taken: nothing on a channel
+        handle = serve.get_deployment_handle(name, app_name="stream-per-request")
+        assert handle.channel_state.remote().result(timeout_s=30)["items"] == 0
 
 
 @pytest.mark.parametrize("which", ["grpc", "ray", "per_request"])
