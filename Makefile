@@ -40,9 +40,9 @@ $(VENV)/.installed-$(MLX_BACKEND): pyproject.toml
 	touch $@
 
 # `serve run` with a clean stop: SIGTERM or SIGINT (Ctrl-C), to it or to its whole process group,
-# stops Serve and Ray and every process they started (deployments/launch.py)
+# stops Serve and Ray and every process they started (deployments/cli/launch.py)
 serve: install
-	$(PY) -m deployments.launch $(CONFIG)
+	$(PY) -m deployments.cli.launch $(CONFIG)
 
 # the compat manifest is validated (and its docs checked up to date) before the tests run
 test: install
@@ -67,7 +67,7 @@ $(VENV)/.bench-installed: pyproject.toml
 
 # the web page's screenshots under docs/img (README), taken by its browser tests
 screenshots: install
-	MLXRAY_SCREENSHOTS=docs/img $(PY) -m pytest -q -p no:warnings tests/test_webui.py
+	MLXRAY_SCREENSHOTS=docs/img $(PY) -m pytest -q -p no:warnings tests/serve/test_webui.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _exit_on_signal)
     from tqdm import tqdm  # a dependency of mlx-lm's transformers: always there
 
-    from deployments.config import GraphArgs
+    from deployments.api.config import GraphArgs
     from engine.model import load_model
 
     from . import engine_floor, graph, peer, report

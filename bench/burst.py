@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    from deployments.config import GraphArgs
+    from deployments.api.config import GraphArgs
     from engine.model import load_model
 
     loaded = load_model(GraphArgs(model=model_folder(args.model)).model_path)

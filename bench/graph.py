@@ -1,5 +1,5 @@
 """Through the graph: the graph served as ``make serve`` serves it (``python -m
-deployments.launch``: its port served by the ingress replica, or through Ray Serve's proxy with
+deployments.cli.launch``: its port served by the ingress replica, or through Ray Serve's proxy with
 ``serve_proxy``), started here on a free port, streamed over HTTP by an aiohttp client,
 ``concurrency`` requests in flight; stopped by its PID at the end."""
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from deployments.launch import CLUSTER_ENV
+from deployments.cli.launch import CLUSTER_ENV
 
 from . import REPO
 from .ratios import RequestTiming
@@ -76,7 +76,7 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         # levels on a shared machine)
         env = {**CLUSTER_ENV, **os.environ}
         env.pop("RAY_ADDRESS", None)  # a cluster of its own, never one it would then shut down
-        command = [sys.executable, "-m", "deployments.launch", f.name]
+        command = [sys.executable, "-m", "deployments.cli.launch", f.name]
         log = open(log_path, "wb")
         proc = subprocess.Popen(command + (["--serve-proxy"] if serve_proxy else []), cwd=REPO,
                                 env=env, stdout=log, stderr=subprocess.STDOUT,

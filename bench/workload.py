@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployments.replica import to_requests
-from deployments.schema import CompletionParams, ParseContext, parse_completion
+from deployments.api.schema import CompletionParams, ParseContext, parse_completion
+from deployments.serve.replica import to_requests
 from engine.types import GenerationRequest
 from engine.vocab import Vocab
 

@@ -121,10 +121,11 @@ def render_doc(folder: Path = MANIFEST) -> str:
         f"What mlxray does with each of the {pin['counts']['route']} HTTP routes and "
         f"{pin['counts']['field']} native request fields of {ref['name']} {ref['release']} "
         f"(commit {ref['commit']}), and with {pin['counts']['option']} of its command-line "
-        "options (the `mlxray` command, `deployments/cli.py`; their `LLAMA_ARG_*` variables "
-        f"alike). The reference captures in `{cap['folder']}` come from "
+        "options (the `mlxray` command, `deployments/cli/command.py`; their `LLAMA_ARG_*` "
+        f"variables alike). The reference captures in `{cap['folder']}` come from "
         f"{cap['release']} (commit {cap['commit']}). `python -m compat.check` validates every "
-        "entry in CI; the tests in `tests/test_compat.py` bind each claim to the running code.",
+        "entry in CI; the tests in `tests/compat/test_compat.py` bind each claim to the running "
+        "code.",
         "",
         "A route, field or option mlxray serves is `supported`, and any way it differs from the "
         "reference is listed as its divergence, with the reason; `by_design` is only for what "

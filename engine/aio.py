@@ -69,7 +69,7 @@ async def generate(
 def next_tick(last: float, interval: float) -> float:
     """When a stream's next batch leaves: on the loop clock's grid of ``interval``, at least half
     an interval after its last one. Streams then leave on the same ticks, in one loop turn, and
-    a shared channel (deployments/channel.py) carries them all in one frame."""
+    a shared channel (deployments/serve/channel.py) carries them all in one frame."""
     if interval <= 0:
         return last
     return math.ceil((last + interval / 2) / interval) * interval

@@ -1,4 +1,5 @@
-"""Lockstep engines for a model sharded over several ranks (deployments/shards.py places them).
+"""Lockstep engines for a model sharded over several ranks (deployments/serve/shards.py places
+them).
 
 Every rank holds a part of the weights, so every model call is collective: all ranks must call
 the model at the same moments with the same batch. Rather than mirroring each model call and each
@@ -17,7 +18,8 @@ decisions because they see the same inputs at the same loop iterations:
 Admission, the prefix cache, slot choice, sampling (greedy, or seeded: the seed travels with the
 group) and the time limit (``t_max_predict_ms``, on rank 0's clock) depend only on those inputs,
 so the schedulers stay identical. Calls run on rank 0's loop (embeddings, slot files, adapters)
-would not: deployments/replica.py refuses those on a sharded replica. A rank that dies breaks the
+would not: deployments/serve/replica.py refuses those on a sharded replica. A rank that dies
+breaks the
 ring: the next collective raises on every other rank, the loops die, and their health checks fail.
 
 The other design, ranks that only mirror rank 0's model calls, would have to replay every KV-cache

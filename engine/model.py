@@ -32,7 +32,7 @@ def load_model(path: str, adapter: str | None = None, device: str = "auto",
     """A GGUF file (engine/gguf), else mlx_lm.load: a local folder, or a Hugging Face id when
     the hub is reachable; ``adapter``: a DoRA or full fine-tune folder fused into the weights
     (engine/lora.py); ``device``: where it runs (engine/device_choice.py); ``config_overrides``:
-    keys laid over the folder's config.json (RoPE settings: deployments/cli_rope.py)."""
+    keys laid over the folder's config.json (RoPE settings: deployments/cli/rope.py)."""
     from .gguf import is_gguf, load_gguf
 
     if is_gguf(path):

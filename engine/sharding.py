@@ -1,4 +1,4 @@
-"""One rank's part of a model split over an MLX distributed group (deployments/shards.py).
+"""One rank's part of a model split over an MLX distributed group (deployments/serve/shards.py).
 
 ``tensor``: every layer's projections split over the ranks (mlx-lm's ``Model.shard``, an
 all_sum after each attention and MLP). ``pipeline``: each rank runs a run of whole layers

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments.launch import cluster_env_defaults
+from deployments.cli.launch import cluster_env_defaults
 
 from .zoo import zoo  # noqa: F401 - the session's model zoo (small random-weight folders)
 
@@ -151,8 +151,8 @@ def deploy_app(serve_instance: int) -> Callable[..., str]:
     are ModelReplica's deployment options (replicas, autoscaling, router)."""
     from ray import serve
 
-    from deployments.config import GraphArgs
-    from deployments.graph import build_graph
+    from deployments.api.config import GraphArgs
+    from deployments.serve.graph import build_graph
 
     deployed: dict[str, str] = {}
 

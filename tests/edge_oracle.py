@@ -1,9 +1,9 @@
 """The reference's answer to a request with numbers at their edges, and how an answer differs
-from it (tests/edges.py's scan and tests/test_edges.py use it).
+from it (tests/edges.py's scan and tests/serve/test_edges.py use it).
 
 Written from ../shared/spec/llama-server-native-api.md (§2.2 parsing, §2.3 field table) and
-common/sampling.cpp's common_sampler_init, not from deployments/schema.py: the schema's table is
-only checked to list the same numeric fields in the same order (tests/test_edges.py).
+common/sampling.cpp's common_sampler_init, not from deployments/api/schema.py: the schema's table is
+only checked to list the same numeric fields in the same order (tests/serve/test_edges.py).
 """
 
 from __future__ import annotations

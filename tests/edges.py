@@ -1,7 +1,8 @@
 """Numeric request fields at the edges of their domains: the values, the sampler context that
 reads each field, and the requests built from them.
 
-tests/test_edges.py drives them through the property test; run as a script, this module scans a
+tests/serve/test_edges.py drives them through the property test; run as a script, this module
+scans a
 running server with every field x edge value x context, greedy and sampled, streamed and not,
 and prints the requests answered with a 5xx or otherwise than the reference
 (tests/edge_oracle.py):
@@ -112,7 +113,7 @@ def oai_body(route: str, name: str, value: object, mode: str, stream: bool) -> d
 
 # ---- the scan ------------------------------------------------------------------------------
 def numeric_fields() -> list[str]:
-    from deployments.schema import FIELDS
+    from deployments.api.schema import FIELDS
 
     return [f.name for f in FIELDS if f.kind in ("int32", "int64", "uint32", "float")]
 

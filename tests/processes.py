@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from deployments.launch import CLUSTER_ENV
+from deployments.cli.launch import CLUSTER_ENV
 
 
 def own_cluster_env() -> dict[str, str]:

@@ -25,8 +25,8 @@ def dedicated_app(port: int, name: str, args: dict,
     deleted afterwards."""
     from ray import serve
 
-    from deployments.config import GraphArgs
-    from deployments.graph import build_graph
+    from deployments.api.config import GraphArgs
+    from deployments.serve.graph import build_graph
 
     config = GraphArgs.model_validate({"model": MODEL, **args})
     serve.run(build_graph(config, replica_options), name=name,

@@ -1,7 +1,7 @@
 """configs/sharded.yaml on a Ray cluster of three nodes on this one machine
 (``ray.cluster_utils.Cluster``): a CPU-only head and two nodes that each advertise one
 ``mlx_device``, as two Macs would. Not collected by the suite (its name has no ``test_``):
-tests/test_sharded.py runs it in its own process, apart from the suite's one-node cluster::
+tests/serve/test_sharded.py runs it in its own process, apart from the suite's one-node cluster::
 
     python -m pytest tests/sharded_cluster.py
 

@@ -1,0 +1,294 @@
+"""The model replica: owns one engine (model, tokenizer, scheduler thread) and serves its events.
+
+The model loads in the background so the ingress can answer 503 "Loading model" meanwhile, as the
+reference does; ``check_health`` fails once the engine loop has died, so Ray Serve restarts us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import fields
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from deployments.api.config import GraphArgs
+from deployments.api.schema import CompletionParams
+from deployments.serve import channel
+from deployments.serve.replica_adapters import AdapterError, ReplicaAdapters
+from deployments.serve.shards import Shards, engine_config, start_leader
+from deployments.serve.status import engine_snapshot, start_reporting
+from engine import aio, device_choice, embed, slot_store
+from engine.model import LoadedModel, load_model
+from engine.scheduler import Engine
+from engine.types import (
+    UNLIMITED_BUDGET,
+    EngineError,
+    EngineEvent,
+    GenerationRequest,
+    GrammarTrigger,
+    ReasoningBudget,
+    SamplingParams,
+)
+
+log = logging.getLogger("mlxray.replica")
+
+
+def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[GenerationRequest]:
+    """One engine request per prompt and completion, indexed prompt-major (index = p*n + j);
+    children of n_cmpl get seed + j unless the seed is random."""
+    out = []
+    n = params.n_cmpl
+    for p, tokens in enumerate(prompts):
+        for j in range(n):
+            seed = params.seed if params.seed == 0xFFFFFFFF else (params.seed + j) & 0xFFFFFFFF
+            out.append(GenerationRequest(
+                prompt_tokens=tokens,
+                sampling=_sampling(params, seed),
+                n_predict=params.n_predict,
+                stop=list(params.stop),
+                grammar=params.grammar,
+                grammar_prefill=_grammar_prefill(params),
+                reasoning_budget=_reasoning_budget(params),
+                grammar_lazy=params.grammar_lazy,
+                grammar_triggers=[GrammarTrigger(t["type"], t["value"], t.get("token", -1))
+                                  for t in params.grammar_triggers],
+                preserved_tokens=list(params.preserved_tokens),
+                ignore_eos=params.ignore_eos,
+                cache_prompt=params.cache_prompt,
+                n_indent=params.n_indent,
+                t_max_predict_ms=params.t_max_predict_ms,
+                stream=params.stream,
+                return_progress=params.return_progress,
+                timings_per_token=params.timings_per_token,
+                id_slot=params.id_slot if j == 0 else -1,
+                index=p * n + j,
+                child=j > 0,
+                adapters=params.adapters,
+                tag=params,
+            ))
+    return out
+
+
+def _sampling(p: CompletionParams, seed: int) -> SamplingParams:
+    """The schema's sampling values, field by field (every SamplingParams field is a schema field
+    of the same name), with the seed of this completion."""
+    values = {f.name: _copy(getattr(p, f.name)) for f in fields(SamplingParams)}
+    return SamplingParams(**{**values, "seed": seed})
+
+
+def _reasoning_budget(p: CompletionParams) -> ReasoningBudget | None:
+    """common_sampler_init makes the budget sampler only with a start tag, an end tag and a budget
+    (or reasoning_control or grammar_lazy, with an unlimited budget that never forces: it holds a
+    lazy grammar off inside the tags)."""
+    if not p.reasoning_budget_start or not p.reasoning_budget_end:
+        return None
+    if p.reasoning_budget_tokens < 0 and not (p.grammar_lazy or p.reasoning_control):
+        return None
+    tokens = p.reasoning_budget_tokens if p.reasoning_budget_tokens >= 0 else UNLIMITED_BUDGET
+    return ReasoningBudget(tokens, list(p.reasoning_budget_start),
+                           [list(tag) for tag in p.reasoning_budget_end],
+                           list(p.reasoning_budget_forced), p.generation_prompt)
+
+
+def _grammar_prefill(p: CompletionParams) -> str:
+    """A json_schema's grammar (an output-format grammar) accepts the generation prompt first,
+    unless lazy (common_grammar_needs_prefill); a client's grammar string never does."""
+    return p.generation_prompt if p.json_schema is not None and not p.grammar_lazy else ""
+
+
+def _log_to_serve() -> None:
+    """mlxray's loggers (the device chosen, a GGUF file's tensors and dequantization cost) into
+    this replica's Serve log, which Serve also writes to stderr."""
+    serve_log, ours = logging.getLogger("ray.serve"), logging.getLogger("mlxray")
+    if serve_log.handlers and not ours.handlers:
+        ours.setLevel(logging.INFO)
+        for handler in serve_log.handlers:
+            ours.addHandler(handler)
+        ours.propagate = False
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else value
+
+
+@serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)
+class ModelReplica:
+    def __init__(self, args: GraphArgs):
+        self.args = args
+        _log_to_serve()
+        device_choice.check(args.device)  # a device MLX cannot run on fails the start, saying so
+        self.loaded: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.load_error: BaseException | None = None
+        self.shards: Shards | None = None  # the other ranks of a sharded replica
+        self.adapters = ReplicaAdapters(args)
+        self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
+        self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
+        self._loader.start()
+        self._reporting = start_reporting(
+            args.model_name, lambda: None if self.engine is None else engine_snapshot(self.engine))
+
+    def _load(self) -> None:
+        try:
+            if self.args.shards > 1:
+                loaded, engine, self.shards = start_leader(self.args)
+            else:
+                loaded = load_model(self.args.model_path, self.args.adapter, self.args.device,
+                                    self.args.config_overrides)
+                engine = Engine(loaded, engine_config(self.args))
+            engine.start()
+            self.adapters.load_startup(engine)
+            self.loaded, self.engine = loaded, engine
+        except BaseException as exc:  # surfaced through check_health
+            log.exception("model load failed")
+            self.load_error = exc
+
+    async def check_health(self) -> None:
+        if self.load_error is not None:
+            raise RuntimeError(f"model load failed: {self.load_error}")
+        if self.engine is not None and not self.engine.alive:
+            raise RuntimeError(f"engine loop died: {self.engine.error}")
+        if self.shards is not None:
+            await self.shards.check()
+
+    def _unsharded(self, what: str) -> None:
+        """Work that would run on rank 0 alone, out of the ranks' lockstep (engine/lockstep.py)."""
+        if self.args.shards > 1:
+            raise EngineError(f"{what} is not supported on a sharded replica", 501,
+                              "not_supported_error")
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise EngineError("Loading model", 503, "unavailable_error")
+        return self.engine
+
+    async def ready(self) -> bool:
+        return self.engine is not None
+
+    async def generate(self, params: CompletionParams,
+                       prompts: list[list[int]]) -> AsyncIterator[list[EngineEvent]]:
+        """Stream the events of one client request (its prompts times n_cmpl) in batches.
+
+        A refused request yields one batch holding a single ErrorEvent, so the caller can answer
+        with a plain JSON error before any frame is sent.
+        """
+        try:
+            engine = self._engine()
+            await self.adapters.hold(params.adapters, self._load_adapter)
+            requests = to_requests(params, prompts)
+            stream = aio.generate(engine, requests, self.args.gather)
+            first = await anext(stream)
+        except EngineError as exc:
+            yield [exc.to_event()]
+            return
+        except AdapterError as exc:
+            yield [EngineError(str(exc)).to_event()]
+            return
+        try:
+            yield first
+            async for batch in stream:
+                yield batch
+        finally:
+            # A client that went away reaches us as a CancelledError at a yield; closing the
+            # engine stream now (not whenever it is garbage collected) cancels the group.
+            await stream.aclose()
+
+    async def push(self, params: CompletionParams, prompts: list[list[int]],
+                   reply: channel.ReplyTo) -> int:
+        """``generate``'s batches sent on the shared channel to ``reply``'s listener (the
+        caller's process); returns how many, once the request has ended."""
+        return await channel.pump(self.generate(params, prompts), channel.sender(), reply)
+
+    async def model_info(self) -> dict:
+        engine = self._engine()
+        loaded = engine.loaded
+        vocab = engine.vocab
+        return {
+            "path": loaded.path,
+            "n_vocab": vocab.n_vocab,
+            "n_ctx_train": loaded.n_ctx_train,
+            "n_embd": loaded.n_embd,
+            "n_params": loaded.n_params,
+            "size": loaded.size_bytes,
+            "chat_template": loaded.chat_template,
+            "ftype": loaded.ftype,
+            "bos_token": vocab.detokenize([vocab.bos_id]) if vocab.bos_id is not None else "",
+            "eos_token": vocab.detokenize(sorted(vocab.eog_ids)[:1]) if vocab.eog_ids else "",
+            "eog_ids": sorted(vocab.eog_ids),
+        }
+
+    async def slot_states(self) -> list[dict]:
+        return self._engine().slot_states()
+
+    async def embed(self, prompts: list[list[int]], pooling: str) -> dict:
+        """Pooled hidden states per prompt: {"result": [...]} or {"error": {...}}."""
+        engine = self._engine()
+        try:
+            self._unsharded("embeddings")
+            vectors = await asyncio.to_thread(
+                engine.run_on_loop, lambda e: embed.embed(e, prompts, pooling))
+        except EngineError as exc:
+            return {"error": {"message": exc.message, "code": exc.code, "type": exc.type}}
+        return {"result": vectors}
+
+    async def metrics(self) -> dict:
+        return self._engine().metrics_snapshot()
+
+    async def slot_action(self, id_slot: int, action: str, path: str | None,
+                          filename: str) -> dict:
+        """save, restore or erase a slot's KV state; the ingress has validated the file path.
+        Answers {"result": ...} or {"error": {message, code, type}}."""
+        engine = self._engine()
+        if self.args.shards > 1:
+            return {"error": {"message": "slot actions are not supported on a sharded replica",
+                              "code": 501, "type": "not_supported_error"}}
+        if action == "save":
+            def call(e):
+                return slot_store.save(e, id_slot, Path(path), filename)
+        elif action == "restore":
+            def call(e):
+                return slot_store.restore(e, id_slot, Path(path), filename)
+        else:
+            def call(e):
+                return slot_store.erase(e, id_slot)
+        try:
+            return {"result": await asyncio.to_thread(engine.run_on_loop, call)}
+        except EngineError as exc:
+            return {"error": {"message": exc.message, "code": exc.code, "type": exc.type}}
+        except Exception as exc:  # noqa: BLE001 - a file system error: the envelope, not a crash
+            log.exception("slot %s failed", action)
+            return {"error": {"message": f"slot {action} failed: {exc}", "code": 500,
+                              "type": "server_error"}}
+
+    async def adapter_state(self) -> dict:
+        """This replica's LoRA adapters: loaded now, and on-demand loads so far by name."""
+        engine = self._engine()
+        return {"pid": os.getpid(), "loaded": sorted(engine.adapters.loaded),
+                "loads": dict(self.adapters.loads)}
+
+    async def engine_state(self) -> dict:
+        """The engine's bookkeeping and this process's id, for the reliability tests and
+        operators: active and queued groups, sequences in the batch, idle slots."""
+        state = {"pid": os.getpid(), **self._engine().debug_state()}
+        if self.shards is not None:  # and each other rank's, to show they step in lockstep
+            state["node"] = ray.get_runtime_context().get_node_id()
+            state["shard_pids"] = self.shards.pids
+            state["shard_states"] = await self.shards.states()
+        return state
+
+    async def kill_engine_loop(self) -> None:
+        """Fault injection (never routed to HTTP): end the engine loop as a crash would, so that
+        check_health fails and Ray Serve replaces this replica. Returns once the loop is dead."""
+        engine = self._engine()
+        engine.inject_fault(RuntimeError("engine loop killed by kill_engine_loop()"))
+        for _ in range(500):
+            if not engine.alive:
+                return
+            await asyncio.sleep(0.01)
+        raise RuntimeError("the engine loop is still running")

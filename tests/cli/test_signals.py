@@ -1,0 +1,149 @@
+"""A clean stop however the processes are signalled (issue 13): ``mlxray`` and ``make serve`` (both
+through deployments/cli/launch.py), each started in a session of its own with a Ray cluster of its
+own, are signalled once healthy and must exit within 30 s, leaving none of the processes they
+started running. tests/processes.py knows those processes from the command's process tree, so
+the other Ray clusters of the machine (other test sessions, other servers) are never looked at.
+
+CI runs two patterns: SIGTERM twice to mlxray's whole process group (systemd's stop sends the
+group SIGTERM: the raylet and the GCS die with the command) and SIGINT to make serve's group
+(Ctrl-C in a terminal). mlxray runs as a production line would, over HTTPS (--ssl-key-file,
+--ssl-cert-file: a certificate made for the test, which the client verifies).
+MLXRAY_SIGNAL_PATTERNS=all runs every command x signal x target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import os
+import signal
+import ssl
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from ..conftest import REPO, free_port
+from ..processes import Launched, describe, own_cluster_env
+
+STOP_S = 30.0
+CI_PATTERNS = [("mlxray", "SIGTERM", "group", 2), ("make serve", "SIGINT", "group", 1)]
+ALL_PATTERNS = [(command, sig, target, times) for command in ("mlxray", "make serve")
+                for sig in ("SIGTERM", "SIGINT") for target in ("main", "group")
+                for times in (1, 2)]
+PATTERNS = ALL_PATTERNS if os.environ.get("MLXRAY_SIGNAL_PATTERNS") == "all" else CI_PATTERNS
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A key and a certificate for 127.0.0.1, valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_file, cert_file = folder / "key.pem", folder / "cert.pem"
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key_file, cert_file
+
+
+def command_line(command: str, port: int, tmp_path: Path) -> list[str]:
+    if command == "mlxray":
+        key, cert = self_signed(tmp_path)
+        return [sys.executable, "-m", "deployments.cli.command", "-m", "models/tiny-python",
+                "--port", str(port), "-np", "1", "-c", "256", "--ssl-key-file", str(key),
+                "--ssl-cert-file", str(cert)]
+    config = tmp_path / "local.yaml"
+    config.write_text((REPO / "configs" / "local.yaml").read_text()
+                      .replace("port: 8000", f"port: {port}")
+                      .replace("n_parallel: 4", "n_parallel: 1"))
+    return ["make", "--no-print-directory", "serve", f"CONFIG={config}"]
+
+
+def wait_healthy(launched: Launched, base: str, verify: ssl.SSLContext | bool = True,
+                 timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert launched.proc.poll() is None, launched.log.read_text()[-3000:]
+        try:
+            if httpx.get(base + "/health", timeout=5, verify=verify).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{base} did not become healthy")
+
+
+def assert_cluster_settings(started: list[psutil.Process]) -> None:
+    """The cluster's Ray workers (replicas, the HTTP proxy) run at the command's niceness, not
+    Ray's +15, and the proxy calls the ingress over gRPC with gRPC's message cap: the command's
+    own settings, not inherited from the test."""
+    workers = {}
+    for proc in started:
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(proc.cmdline())
+            if title.startswith("ray::"):
+                workers[title] = proc
+    assert any("ProxyActor" in title for title in workers), list(workers)
+    assert any("ModelReplica" in title for title in workers), list(workers)
+    own = psutil.Process().nice()  # the command inherits the test's niceness, its workers too
+    for title, proc in workers.items():
+        assert proc.nice() == own, title
+        if "ProxyActor" in title:
+            env = proc.environ()
+            assert env.get("RAY_SERVE_PROXY_USE_GRPC") == "1", title
+            assert env.get("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH") == str(2**31 - 1), title
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("command", "sig", "target", "times"), PATTERNS,
+                         ids=lambda v: str(v).replace(" ", "-"))
+def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, target, times):
+    port = free_port()
+    # what the command must set itself (deployments/launch.CLUSTER_ENV) is not inherited
+    launched = Launched(command_line(command, port, tmp_path), REPO, own_cluster_env(),
+                        tmp_path / "out.log")
+    try:
+        if command == "mlxray":  # HTTPS, the test's certificate trusted
+            trust = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+            wait_healthy(launched, f"https://127.0.0.1:{port}", trust)
+        else:
+            wait_healthy(launched, f"http://127.0.0.1:{port}")
+        launched.sample()
+        started = launched.alive()
+        assert len(started) >= 5, describe(started)  # GCS, raylet, replicas, ...
+        assert_cluster_settings(started)
+        for i in range(times):
+            if i:
+                time.sleep(1.0)
+            if launched.proc.poll() is None:
+                launched.signal(getattr(signal, sig), group=target == "group")
+        took = launched.wait(STOP_S)
+        log = launched.log.read_text()[-3000:]
+        assert took is not None, f"still running {STOP_S} s after {sig}\n{log}"
+        left = launched.leftovers(grace=1.0)
+        assert not left, f"left running: {describe(left)}\n{log}"
+        if command == "mlxray":
+            assert launched.proc.returncode == 0, log
+        print(f"\n{command} {sig} x{times} to the {target}: exited after {took:.1f} s, "
+              f"{len(started)} processes started, none left")
+    finally:
+        launched.kill_all()
+        launched.close()

@@ -1,0 +1,435 @@
+"""The compat manifest bound to the running code: its routes to the ingress's FastAPI app, its
+fields to the request schema and to what the real route answers, its command-line options to the
+``mlxray`` command's parser, mlxray's own additions to the code that provides them;
+the rendered docs up to date (``compat.check`` failing on each kind of broken entry:
+tests/compat/test_compat_check.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from compat import check, render
+from compat.manifest import (
+    MANIFEST,
+    REFERENCE_KINDS,
+    canonical_text,
+    entries,
+    load_pin,
+    load_shard,
+)
+from deployments.api.schema import FIELDS, SPECULATIVE_KEYS, Field
+from deployments.cli import command as cli
+
+ENTRIES = entries()
+BY_ID = {e["id"]: e for e in ENTRIES}
+THIS = "tests/compat/test_compat.py::"
+GREEDY = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0, "cache_prompt": False,
+          "return_tokens": True}
+# a concrete request path for each templated reference path
+CONCRETE = {"${api-prefix}/": "/", "${AIP_HEALTH_ROUTE}": "/aip/health",
+            "${AIP_PREDICT_ROUTE:-/predict}": "/predict", "/slots/:id_slot": "/slots/0"}
+
+
+def params(select: Callable[[dict], bool]) -> list:
+    return [pytest.param(e, id=e["id"]) for e in ENTRIES if select(e)]
+
+
+def checked_by(name: str) -> Callable[[dict], bool]:
+    return lambda e: e.get("test", "").split("[")[0] == THIS + name
+
+
+def schema_key(spec: Field) -> str:
+    return f"{spec.parent}.{spec.name}" if spec.parent else spec.name
+
+
+SCHEMA = {schema_key(f): f for f in FIELDS}
+PARENTS = {f.parent for f in FIELDS if f.parent}
+
+
+def _api_routes(routes: list, prefix: str = "") -> set[str]:
+    """``METHOD /path`` of every APIRoute, descending into included routers (Ray Serve's
+    ``serve.ingress`` re-mounts the class's routes as a router)."""
+    out: set[str] = set()
+    for route in routes:
+        if isinstance(route, APIRoute):
+            out |= {f"{m} {prefix}{route.path}" for m in route.methods}
+        elif getattr(route, "original_router", None) is not None:
+            context = getattr(route, "include_context", None)
+            out |= _api_routes(route.original_router.routes,
+                               prefix + getattr(context, "prefix", ""))
+    return out
+
+
+def mounted_routes() -> set[str]:
+    import deployments.serve.ingress  # noqa: F401  (the route table registers itself on the app)
+    from deployments.serve.app import app
+
+    return _api_routes(app.routes)
+
+
+def fastapi_path(path: str) -> str:
+    """A reference path in FastAPI's syntax: ``/slots/:id_slot`` -> ``/slots/{id_slot}``."""
+    return "/".join(f"{{{p[1:]}}}" if p.startswith(":") else p for p in path.split("/"))
+
+
+def with_example(entry: dict, body: dict) -> dict:
+    facts = entry["facts"]
+    assert "example" in facts, f"{entry['id']} needs facts.example (a non-default value)"
+    if facts.get("parent"):
+        return {**body, facts["parent"]: {facts["name"]: facts["example"]}}
+    return {**body, facts["name"]: facts["example"]}
+
+
+# ---- the manifest itself -----------------------------------------------------------------
+def test_manifest_is_valid():
+    assert check.check() == []
+    reference = [e for e in ENTRIES if e["kind"] in REFERENCE_KINDS]
+    assert len(reference) == sum(load_pin()["counts"].values()) == 53 + 74 + 106
+
+
+def test_shards_are_canonical():
+    for path in sorted(MANIFEST.glob("*.json")):
+        if path.name != "pin.json":
+            assert path.read_text() == canonical_text(load_shard(path)), path.name
+
+
+def test_docs_and_readme_are_rendered():
+    assert render.outdated() == [], "run python -m compat.render"
+
+
+# ---- routes: the ingress's FastAPI app ---------------------------------------------------
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and "claim" in e))
+def test_claimed_route_is_mounted(entry):
+    assert entry["claim"] in mounted_routes()
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and "claim" not in e
+                                         and e["state"] != "deferred"))
+def test_unclaimed_route_is_not_mounted(entry):
+    assert route_key(entry) not in mounted_routes()
+
+
+def route_key(entry: dict) -> str:
+    """A route entry's ``METHOD /path`` as FastAPI mounts it."""
+    facts = entry["facts"]
+    return f"{facts['method']} {fastapi_path(CONCRETE.get(facts['path'], facts['path']))}"
+
+
+def test_every_mounted_route_is_claimed():
+    """Each mounted route is a served one's claim, an addition's, or a deferred route answering
+    501 until its issue lands."""
+    claims = {e.get("claim") for e in ENTRIES if e["kind"] == "route"}
+    claims |= {e.get("claim") for e in ENTRIES if e["kind"] == "addition"
+               and e["facts"]["surface"] == "route"}
+    claims |= {route_key(e) for e in ENTRIES if e["kind"] == "route" and e["state"] == "deferred"}
+    assert mounted_routes() - claims == set()
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "route" and
+                                         e["state"] == "deferred"))
+def test_deferred_route_names_its_issue(client, entry):
+    """Work not built yet is refused saying so: a mounted route answers 501 naming the issue
+    that builds it, an unmounted one the 404 of an unknown route."""
+    facts = entry["facts"]
+    r = client.request(facts["method"], CONCRETE.get(facts["path"], facts["path"]),
+                       content=b"{}" if facts["method"] == "POST" else None)
+    if route_key(entry) not in mounted_routes():
+        assert (r.status_code, r.json()) == (404, {"error": {
+            "code": 404, "message": "File Not Found", "type": "not_found_error"}})
+        return
+    assert r.status_code == 501
+    error = r.json()["error"]
+    assert error["type"] == "not_supported_error"
+    assert f"not supported by mlxray yet (issue #{entry['issue']})" in error["message"]
+
+
+@pytest.mark.parametrize("entry", params(checked_by("test_unserved_route_answers_404")))
+def test_unserved_route_answers_404(client, entry):
+    facts = entry["facts"]
+    r = client.request(facts["method"], CONCRETE.get(facts["path"], facts["path"]),
+                       content=b"{}" if facts["method"] == "POST" else None)
+    assert r.status_code == 404
+    assert r.json() == {"error": {"code": 404, "message": "File Not Found",
+                                  "type": "not_found_error"}}
+
+
+def cites(capture: str) -> Callable[[dict], bool]:
+    return lambda e: any(capture in d for d in e.get("divergence", []))
+
+
+@pytest.mark.parametrize("entry", params(cites("err_bad_json")))
+def test_body_not_json_is_400_on_every_post_route(client, entry):
+    """Every route whose divergence cites the err_bad_json capture answers it so."""
+    method, path = entry["claim"].split(" ", 1)
+    r = client.request(method, path, content=b"{not json")
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "parse error" in r.json()["error"]["message"]
+
+
+# served POST routes that do not parse their body as JSON (or that need a switch the conformance
+# graph leaves off, and answer 501 first)
+NO_JSON_BODY = {"POST /slots/{id_slot}", "POST /props", "POST /embedding", "POST /embeddings",
+                "POST /v1/embeddings"}
+
+
+def test_every_route_reading_json_cites_err_bad_json():
+    """The other way: each served POST route that parses a JSON body lists the divergence."""
+    citing = {e["claim"] for e in ENTRIES if cites("err_bad_json")(e)}
+    served = {e["claim"] for e in ENTRIES if e["kind"] == "route" and e["state"] == "supported"
+              and e["claim"].startswith("POST ") and e["claim"] not in NO_JSON_BODY}
+    assert served - citing == set()
+
+
+# ---- fields: the request schema and the real route -----------------------------------------
+@pytest.mark.parametrize("entry", params(
+    lambda e: e["kind"] == "field" and e["state"] in ("supported", "aliased")))
+def test_supported_field_is_a_schema_field(entry):
+    claim = entry["claim"]
+    if claim in SPECULATIVE_KEYS:  # ignored as unknown keys, as the reference ignores them
+        assert claim not in SCHEMA
+        return
+    assert claim in SCHEMA or claim in PARENTS
+    if claim in SCHEMA:
+        assert SCHEMA[claim].policy != "refused"
+        assert list(SCHEMA[claim].aliases) == entry["facts"].get("aliases", [])
+
+
+def test_every_schema_field_has_an_entry():
+    """A reference field's entry, or an addition's (a field of mlxray's own)."""
+    assert sorted(k for k in SCHEMA if f"field:{k}" not in BY_ID
+                  and f"addition:field:{k}" not in BY_ID) == []
+
+
+@pytest.mark.parametrize("spec", FIELDS, ids=schema_key)
+def test_schema_policy_matches_the_state(spec):
+    entry = BY_ID[f"field:{schema_key(spec)}"]
+    if spec.policy == "refused":
+        assert entry["state"] in ("deferred", "not_applicable")
+        assert entry["state"] != "deferred" or entry["issue"] == spec.issue
+    else:
+        assert entry["state"] in ("supported", "aliased", "by_design")
+    if spec.policy == "inert" and entry["state"] == "supported":
+        assert entry.get("notes"), "an inert field needs a note on why the reference is inert too"
+
+
+@pytest.mark.parametrize("entry", params(
+    lambda e: e["kind"] == "field" and e["state"] in ("deferred", "not_applicable")))
+def test_refused_field_names_itself(client, entry):
+    """No field is accepted and ignored: what is not done yet is a 400 naming it (and its issue);
+    what has no meaning here is a 400 with the manifest's diagnostic (its claim)."""
+    r = client.post("/completion", json=with_example(entry, GREEDY))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    name = entry["facts"]["name"]
+    if entry["state"] == "deferred":
+        assert error["message"] == (f"Field '{name}': not supported by mlxray yet "
+                                    f"(issue #{entry['issue']})")
+    else:
+        assert error["message"] == entry["claim"]
+
+
+@pytest.fixture(scope="module")
+def greedy_answer(base_url: str) -> dict:
+    r = httpx.post(base_url + "/completion", json=GREEDY, timeout=120)
+    assert r.status_code == 200
+    return r.json()
+
+
+@pytest.mark.parametrize("entry", params(checked_by("test_inert_field_changes_nothing")))
+def test_inert_field_changes_nothing(client, greedy_answer, entry):
+    claim = entry["claim"]
+    assert claim in SPECULATIVE_KEYS or SCHEMA[claim].policy == "inert"
+    r = client.post("/completion", json=with_example(entry, GREEDY))
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == greedy_answer["content"]
+    assert r.json()["tokens"] == greedy_answer["tokens"]
+
+
+class _SilentModel:
+    """The model's SSE items as the route sees them: a first frame, then ``delay`` s of
+    silence."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def sse(self, params, prompts, oai=None):
+        return _Frames(self.delay)
+
+
+class _Frames:
+    """A Ray Serve response generator's surface: async iteration and cancel."""
+
+    def __init__(self, delay: float):
+        self.sent, self.delay = 0, delay
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.sent += 1
+        if self.sent == 1:
+            return b"data: first\n\n"
+        if self.sent == 2:
+            await asyncio.sleep(self.delay)
+            return b"data: late\n\n"
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_sse_ping_after_silence():
+    """sse_ping_interval as the native route reads it: the request's value, parsed by the schema,
+    makes the route's SSE body send a ``:`` comment after that many seconds without a frame; the
+    default (30 s) and -1 send none within 1.3 s."""
+    from deployments.api.schema import CompletionParams, ParseContext, parse_completion
+    from deployments.serve.routes.native import stream
+
+    async def body(fields: dict) -> list[bytes]:
+        params = parse_completion({"stream": True, **fields}, ParseContext(), CompletionParams())
+        response = await stream(_SilentModel(1.3), params, [[0]])
+        return [chunk async for chunk in response.body_iterator]
+
+    frames = [b"data: first\n\n", b"data: late\n\n"]
+    assert asyncio.run(body({"sse_ping_interval": 1})) == [frames[0], b":\n\n", frames[1]]
+    assert asyncio.run(body({})) == frames
+    assert asyncio.run(body({"sse_ping_interval": -1})) == frames
+
+
+# ---- options: the mlxray command's parser -------------------------------------------------
+HONORED = {opt.dest: opt for opt in cli.HONORED}
+
+
+def spellings(entry: dict) -> list[str]:
+    return entry["facts"]["flags"] + entry["facts"].get("negative", [])
+
+
+def option_argv(entry: dict, flag: str) -> list[str]:
+    """The flag as a command line gives it: with the entry's example value when it takes one."""
+    facts = entry["facts"]
+    return [flag, facts.get("example", "x")] if facts.get("value") else [flag]
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
+                                         e["state"] != "not_applicable"))
+def test_claimed_option_is_the_parsers(entry):
+    """An accepted option is one of the parser's, with exactly the reference's spellings and
+    variable; every spelling it honors parses, and so does its variable, to the same value."""
+    opt = HONORED[entry["claim"]]
+    facts = entry["facts"]
+    assert (list(opt.flags), list(opt.negative), opt.env) == (
+        facts["flags"], facts.get("negative", []), facts.get("env"))
+    assert bool(opt.kind) == bool(facts.get("value"))
+    unset = getattr(cli.parse([], {}), opt.dest)
+    honored = [True, False] if opt.only is None else [opt.only]
+    for value in honored:
+        expected = opt.kind(facts["example"]) if opt.kind else value
+        for flag in opt.spellings(value):
+            parsed = getattr(cli.parse(option_argv(entry, flag), {}), opt.dest)
+            assert parsed == expected, flag
+            if opt.only is None:  # an honored value reaches the config, not the default
+                assert parsed != unset, flag
+        if opt.env:
+            raw = facts["example"] if opt.kind else str(int(value))
+            assert getattr(cli.parse([], {opt.env: raw}), opt.dest) == expected
+        if opt.kind:
+            break
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
+                                         e["state"] != "not_applicable" and
+                                         HONORED[e["claim"]].only is not None))
+def test_one_way_option_refuses_the_other_way(entry):
+    opt = HONORED[entry["claim"]]
+    for flag in opt.spellings(not opt.only):
+        with pytest.raises(cli.Refused, match=f"does not honor {flag}: {opt.reason}"):
+            cli.parse([flag], {})
+
+
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and (
+    "claim" not in e or e["state"] == "not_applicable")))
+def test_refused_option_names_itself(entry):
+    """Nothing is accepted and ignored: each spelling and the variable of an option mlxray does
+    not honor stop the command at start, naming it with its reason (for not_applicable, the
+    manifest's diagnostic; a deferred one keeps the command's own reason until its issue)."""
+    env = entry["facts"].get("env")
+    given = [(option_argv(entry, flag), {}, flag) for flag in spellings(entry)]
+    given += [([], {env: "1"}, env)] if env else []
+    for argv, environ, name in given:
+        with pytest.raises(cli.Refused) as refused:
+            cli.parse(argv, environ)
+        first, *reasons = str(refused.value).splitlines()
+        assert first.startswith(f"mlxray does not honor these llama-server options: {name} ")
+        reason = reasons[0].removeprefix(f"  {name}: ")
+        assert reason
+        if entry["state"] == "not_applicable":
+            assert reason == entry["claim"]
+
+
+def test_every_option_the_command_knows_has_its_entry():
+    """Both ways: each option the parser honors or refuses is one entry, spelled alike."""
+    options = [e for e in ENTRIES if e["kind"] == "option"]
+    claimed = [e["claim"] for e in options if e.get("claim") in HONORED]
+    assert sorted(claimed) == sorted(HONORED)
+    refused = [(frozenset(spellings(e)), e["facts"].get("env")) for e in options
+               if e.get("claim") not in HONORED]
+    assert Counter(refused) == Counter((frozenset(u.flags), u.env) for u in cli.REFUSED)
+    # and every flag the parser takes is a reference option's spelling or an addition's
+    known = {f for e in options for f in spellings(e)}
+    known |= {e["claim"] for e in ENTRIES if e["kind"] == "addition" and e.get("claim")
+              and e["facts"]["surface"] == "option"}
+    assert parser_flags() - known == set()
+
+
+def parser_flags() -> set[str]:
+    return {f for action in cli.parser()._actions for f in action.option_strings} - {
+        "-h", "--help"}
+
+
+# ---- additions: mlxray's own, bound to the code that provides them ----------------------------
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "addition" and
+                                         e["state"] == "supported"))
+def test_addition_is_bound_to_the_code(entry):
+    """A route is mounted, an option is the parser's (and no reference option's), a config key
+    is a GraphArgs field, a handle method is the ingress's, a field is the schema's (and no
+    reference field's), a behaviour names the code (``module:attribute``) that provides it."""
+    import importlib
+
+    from deployments.api.config import GraphArgs
+    from deployments.serve.ingress import Ingress
+
+    surface, claim = entry["facts"]["surface"], entry["claim"]
+    if surface == "route":
+        assert claim in mounted_routes()
+    elif surface == "option":
+        reference = {f for e in ENTRIES if e["kind"] == "option" for f in spellings(e)}
+        assert claim in parser_flags() and claim not in reference
+    elif surface == "config":
+        assert claim in GraphArgs.model_fields
+    elif surface == "handle":
+        assert callable(getattr(Ingress.func_or_class, claim, None))
+    elif surface == "field":
+        assert claim in SCHEMA and f"field:{claim}" not in BY_ID
+    else:
+        module, _, attribute = claim.partition(":")
+        assert getattr(importlib.import_module(module), attribute, None) is not None
+
+
+def test_known_differences_are_listed_divergences():
+    """The conformance replay's known differences: the route each one hits lists it as a
+    divergence, naming the capture."""
+    from ..serve.test_conformance import CAPTURE_LIST, KNOWN_DIFFERENCES
+
+    for capture in CAPTURE_LIST:
+        probe = capture["probe"]
+        if probe["name"] in KNOWN_DIFFERENCES:
+            entry = BY_ID[f"route:{probe.get('method', 'POST')} {probe['path']}"]
+            assert cites(probe["name"])(entry), probe["name"]
