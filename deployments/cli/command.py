@@ -49,7 +49,12 @@ from deployments.cli import (
 )
 from deployments.cli.kv import kv_fields, kv_options
 from deployments.cli.launch import GRPC_MESSAGE_ENV, cluster_env_defaults, run
-from deployments.cli.refused import REFUSED, Refused
+from deployments.cli.refused import (  # noqa: F401 - the command's table
+    REFUSED,
+    TENSOR_SPLIT,
+    Refused,
+    Unhonored,
+)
 from engine import device_choice
 from engine.gguf import is_gguf
 

@@ -27,7 +27,7 @@ GGUF = REPO / "tests" / "fixtures" / "model.gguf"
 TEMPLATE_FILE = str(REPO / "models" / "tiny-python-tools.jinja")
 CARD_SAMPLING = {"top_k": 20, "top_p": 0.8, "min_p": 0.0}
 CHATML = "chatml"
-STATIC = str(REPO / "deployments" / "webui")
+STATIC = str(REPO / "deployments" / "serve" / "webui")
 
 # (command line, the config's parts it must produce: "args" (a subset of the application's
 # args), "http" (of http_options), "logging" (logging_config, absent when None))

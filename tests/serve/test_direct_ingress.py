@@ -21,9 +21,9 @@ import pytest
 
 from deployments.serve import direct_ingress
 
+from ..cli.test_signals import wait_healthy
 from ..conftest import REPO, free_port, wait_for
 from ..processes import Launched, describe, own_cluster_env
-from ..cli.test_signals import wait_healthy
 from .test_transport import answers
 
 ONE_APP = {"http_options": {"host": "127.0.0.1", "port": 8123},

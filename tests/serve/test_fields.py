@@ -56,7 +56,8 @@ TABLE: dict[str, Case] = {
     "cache_prompt": case("honored", {}, proof="capture:cache_repeat"),
     "return_tokens": case("honored", {}, proof="capture:return_tokens"),
     "return_progress": case("honored", {}, proof="capture:stream_progress"),
-    "sse_ping_interval": case("honored", {}, proof="test:test_compat.test_sse_ping_after_silence"),
+    "sse_ping_interval": case("honored", {},
+                              proof="test:compat.test_compat.test_sse_ping_after_silence"),
     "n_predict": case("honored", {"n_predict": 3}),
     "n_indent": case("honored", {}, proof="test:test_n_indent_stops_on_real_output"),
     "n_keep": case("inert", {"n_keep": 4}),
@@ -98,7 +99,7 @@ TABLE: dict[str, Case] = {
     "min_keep": case("honored", {"min_keep": 30}, {"min_p": 0.9}),
     "backend_sampling": case("inert", {"backend_sampling": True}),
     "post_sampling_probs": case("honored", {}, proof="test:test_post_sampling_probs"),
-    "lora": case("honored", {}, proof="test:test_adapters_http."
+    "lora": case("honored", {}, proof="test:serve.test_adapters_http."
                                       "test_lora_ids_pick_adapters_and_scale_zero_is_the_base"),
     "logit_bias": case("honored", {"logit_bias": [[FIRST_GREEDY_TOKEN, False]]}, GREEDY),
     "ignore_eos": case("honored", {"ignore_eos": True}, {"logit_bias": [[EOS, 30.0]]}),
@@ -106,15 +107,15 @@ TABLE: dict[str, Case] = {
     "samplers": case("honored", {"samplers": ["top_k", "min_p"]}),
     # grammar: honored (tests/serve/test_grammar.py, tests/api/test_lazy_grammar.py)
     "json_schema": case("honored", {},
-                        proof="test:test_grammar.test_json_schema_validates_for_20_seeds"),
+                        proof="test:serve.test_grammar.test_json_schema_validates_for_20_seeds"),
     "grammar_lazy": case(
         "honored", {},
-        proof="test:test_lazy_grammar.test_trigger_switches_the_grammar_on_exactly_there"),
+        proof="test:api.test_lazy_grammar.test_trigger_switches_the_grammar_on_exactly_there"),
     "grammar_triggers": case(
         "honored", {},
-        proof="test:test_lazy_grammar.test_trigger_switches_the_grammar_on_exactly_there"),
+        proof="test:api.test_lazy_grammar.test_trigger_switches_the_grammar_on_exactly_there"),
     "preserved_tokens": case(
-        "honored", {}, proof="test:test_lazy_grammar.test_preserved_token_is_rendered_as_text"),
+        "honored", {}, proof="test:api.test_lazy_grammar.test_preserved_token_is_rendered_as_text"),
     # chat templates and reasoning: inert on the native route but for the reasoning budget
     "chat_format": case("inert", {"chat_format": 1}),
     "reasoning_format": case("inert", {"reasoning_format": "none"}),

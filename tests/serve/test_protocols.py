@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from engine.types import BAD_OUTPUT_MESSAGE
 
-from .test_http import sse_events
-from .test_tools import LOCAL
 from ..tool_models import WEATHER as WEATHER_TOOL
 from ..tool_models import forced
+from .test_http import sse_events
+from .test_tools import LOCAL
 
 HELLO = [{"role": "user", "content": "hello"}]
 GREEDY = {"temperature": 0, "cache_prompt": False}
