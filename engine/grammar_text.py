@@ -5,11 +5,15 @@ engine compiles the strings (engine/grammar.py)."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import llguidance
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
+from engine.schema_refusals import dump, refusals
+
+log = logging.getLogger("mlxray.grammar")
 LARK_PREFIX = "%llguidance"
 # llama.cpp's json_schema_to_grammar separates items and keys with ", " and ": " and gives an
 # object no properties beyond the listed ones unless additionalProperties says so.
@@ -37,18 +41,56 @@ def json_schema_grammar(schema: Any) -> str:
 
 
 def json_lark(schema: Any) -> str:
-    """``%json <schema>``, a Lark rule body (llama.cpp's conventions applied to the schema);
-    raises GrammarError when llguidance cannot compile the schema."""
+    """``%json <schema>``, a Lark rule body (llama.cpp's conventions applied to the schema).
+
+    Raises GrammarError with the reference's reasons where llama.cpp refuses the schema
+    (engine/schema_refusals.py). A keyword llguidance does not enforce (``propertyNames``,
+    ``if``/``then``/``else``, ...) or a pattern it cannot compile is left out of the grammar
+    with a warning in the log, as the reference leaves out what it cannot convert."""
     if not isinstance(schema, dict):
-        raise GrammarError(f"Unrecognized schema: {json.dumps(schema)}")
+        raise GrammarError(f"Unrecognized schema: {dump(schema)}")
+    errors = refusals(schema)
+    if errors:
+        raise GrammarError("\n".join(errors))
     normalized = _close_objects(schema)
     guidance = normalized.get("x-guidance")
     normalized["x-guidance"] = {**JSON_OPTIONS, **(guidance if isinstance(guidance, dict) else {})}
-    error = llguidance.LLMatcher.validate_grammar(
-        llguidance.LLMatcher.grammar_from_json_schema(normalized))
-    if error:
-        raise GrammarError(error)
+    failed, messages = _check(normalized)
+    if failed:
+        dropped = [f"pattern {p} is not supported, accepting any string"
+                   for p in _drop_patterns(normalized)]
+        if dropped:
+            failed, messages = _check(normalized)
+            messages = messages if failed else dropped + messages
+    if failed:
+        raise GrammarError("\n".join(messages))
+    if messages:
+        log.warning("JSON schema conversion was incomplete: %s", "; ".join(messages))
     return "%json " + json.dumps(normalized, ensure_ascii=False, separators=(",", ":"))
+
+
+def _check(schema: dict) -> tuple[bool, list[str]]:
+    """llguidance's verdict, lenient: unimplemented keywords are warnings, not errors."""
+    schema["x-guidance"] = {**schema["x-guidance"], "lenient": True}
+    return llguidance.LLMatcher.validate_grammar_with_warnings(
+        llguidance.LLMatcher.grammar_from_json_schema(schema))
+
+
+def _drop_patterns(node: Any) -> list[str]:
+    """Removes, in place, every ``pattern`` llguidance cannot compile; returns them."""
+    dropped: list[str] = []
+    if isinstance(node, list):
+        for item in node:
+            dropped += _drop_patterns(item)
+    elif isinstance(node, dict):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and _check({"type": "string", "pattern": pattern,
+                                                "x-guidance": {}})[0]:
+            del node["pattern"]
+            dropped.append(pattern)
+        for value in node.values():
+            dropped += _drop_patterns(value)
+    return dropped
 
 
 def _close_objects(node: Any) -> Any:

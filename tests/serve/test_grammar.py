@@ -127,8 +127,9 @@ def test_generation_prompt_prefills_a_json_schema_grammar(client):
 def test_unconvertible_json_schema_names_the_field(client):
     r = client.post("/completion", json={"prompt": "x", "json_schema": {"type": "nonsense-type"}})
     assert r.status_code == 400
-    assert r.json()["error"]["message"].startswith(
-        "Field 'json_schema': \"json_schema\": JSON schema conversion failed:\n")
+    assert r.json()["error"]["message"] == (
+        "Field 'json_schema': \"json_schema\": JSON schema conversion failed:\n"
+        'Unrecognized schema: {"type":"nonsense-type"}')
 
 
 def test_schema_resolution_rules():

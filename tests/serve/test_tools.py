@@ -115,3 +115,25 @@ def test_request_errors(local, extra, status, message):
     error = r.json()["error"]
     assert error["message"].startswith(message)
     assert error["type"] == ("server_error" if status == 500 else "invalid_request_error")
+
+
+def test_tool_schemas_as_the_reference_takes_them(local):
+    """A keyword the grammar cannot enforce is left out (200, a warning in the log); a schema
+    the reference refuses gets its 400 and text (tests/api/test_tool_schemas.py)."""
+    def tool(parameters: dict) -> dict:
+        return {"type": "function", "function": {"name": "t", "parameters": parameters}}
+
+    loose = tool({"type": "object", "properties": {"tags": {
+        "type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}},
+        "if": {"required": ["tags"]}, "then": {}, "unevaluatedProperties": False})
+    body = {"messages": USER, "max_tokens": 24, "tool_choice": "required"}
+    r = httpx.post(local + "/v1/chat/completions", json={**body, "tools": [loose]}, timeout=60)
+    assert r.status_code == 200, r.text
+    [call] = r.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "t"
+    bad = tool({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    r = httpx.post(local + "/v1/chat/completions", json={**body, "tools": [bad]}, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "JSON schema conversion failed:\nError resolving ref #/$defs/missing: $defs not in "
+        '{"type":"object","properties":{"a":{"$ref":"#/$defs/missing"}}}')

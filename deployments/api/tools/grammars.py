@@ -80,10 +80,15 @@ def _schema(tool: dict) -> dict:
 
 
 def _args(tool: dict) -> str:
+    return _json(_schema(tool))
+
+
+def _json(schema: dict) -> str:
     try:
-        return json_lark(_schema(tool))
+        return json_lark(schema)
     except GrammarError as exc:
-        raise invalid(f"Failed to build the grammar of tool '{tool['name']}': {exc}") from None
+        # the reference's build_grammar throws this for any tool's schema; ex_wrapper: 400
+        raise invalid(f"JSON schema conversion failed:\n{exc}") from None
 
 
 def _json_calls(lark: _Lark, tools: list[dict], head: str, key: str, tail: str, sep: str,
@@ -132,7 +137,7 @@ def _xml_value(lark: _Lark, schema: dict) -> str:
         if isinstance(values, list) and all(isinstance(v, str) for v in values):
             return " | ".join(lark.lit(v) for v in values)
         return "TEXT"
-    return json_lark(schema)
+    return _json(schema)
 
 
 def _gpt_oss(lark: _Lark, tools: list[dict]) -> list[str]:
