@@ -10,6 +10,7 @@ from typing import Any
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapters.safetensors"
 KINDS = ("lora", "dora", "full")
+BASE_KEY = "model"  # the prefix cache's key of sequences without adapters
 
 
 class AdapterError(ValueError):

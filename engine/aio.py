@@ -14,12 +14,12 @@ import asyncio
 import math
 from collections.abc import AsyncIterator
 
-from .scheduler import Engine
+from .seam import EngineLike
 from .types import EngineEvent, ErrorEvent, FinalEvent, Gather, GenerationRequest, TokenEvent
 
 
 async def generate(
-    engine: Engine, requests: list[GenerationRequest], gather: Gather = Gather()
+    engine: EngineLike, requests: list[GenerationRequest], gather: Gather = Gather()
 ) -> AsyncIterator[list[EngineEvent]]:
     """Yield lists of events until every request of the group has its final or error event.
 
@@ -79,7 +79,7 @@ def _ends(batch: list[EngineEvent]) -> bool:
     return any(isinstance(e, (FinalEvent, ErrorEvent)) for e in batch)
 
 
-def _validate(engine: Engine, requests: list[GenerationRequest]) -> None:
+def _validate(engine: EngineLike, requests: list[GenerationRequest]) -> None:
     """What submit checks first, the grammar's compilation (then cached) included."""
     for req in requests:
         engine.validate(req)

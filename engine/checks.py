@@ -3,7 +3,11 @@ before anything is queued, the engine again when it admits it."""
 
 from __future__ import annotations
 
-from .types import EngineError
+import math
+
+import numpy as np
+
+from .types import EngineError, SamplingParams
 
 
 def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
@@ -19,3 +23,22 @@ def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
             n_prompt_tokens=n,
             n_ctx=n_ctx,
         )
+
+
+def _f32(value: float) -> np.float32:
+    with np.errstate(over="ignore"):
+        return np.float32(value)
+
+
+def sampler_init_error(p: SamplingParams) -> str | None:
+    """common_sampler_init's refusals (common/sampling.cpp), in its order, in float32."""
+    repeat = _f32(p.repeat_penalty)
+    with np.errstate(divide="ignore", over="ignore"):
+        reciprocal = np.float32(1.0) / repeat if repeat != 0 else np.float32(np.inf)
+    if not math.isfinite(repeat) or repeat <= 0 or not math.isfinite(reciprocal):
+        return "penalty_repeat must be finite and greater than 0"
+    if not math.isfinite(_f32(p.frequency_penalty)):
+        return "penalty_freq must be finite"
+    if not math.isfinite(_f32(p.presence_penalty)):
+        return "penalty_present must be finite"
+    return None

@@ -30,9 +30,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 
-from .adapter_folder import CONFIG_FILE, WEIGHTS_FILE, AdapterError, adapter_config
-
-BASE_KEY = "model"  # the prefix cache's key of sequences without adapters
+from .adapter_folder import BASE_KEY, CONFIG_FILE, WEIGHTS_FILE, AdapterError, adapter_config
 
 # (adapter name, scale) pairs of one sequence, nonzero scales only, sorted by name
 AdapterScales = tuple[tuple[str, float], ...]

@@ -1,5 +1,5 @@
-"""Logit arithmetic that stays finite at the edges of a request's numbers, and the sampler
-initialization checks of llama.cpp's ``common_sampler_init``.
+"""Logit arithmetic that stays finite at the edges of a request's numbers (the sampler
+initialization checks of llama.cpp's ``common_sampler_init`` are engine/checks.py's).
 
 A request may ask for a penalty of 3e38, a temperature of 1e-38 or of infinity, a DRY multiplier
 of -inf. The sampler chain then meets infinite logits, and ``inf - inf`` or ``-inf / inf`` is
@@ -15,12 +15,8 @@ undefined there). Here no step produces a NaN:
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import numpy as np
-
-from .types import SamplingParams
 
 FLT_MAX = float(np.finfo(np.float32).max)
 NEG_INF = float("-inf")
@@ -43,22 +39,3 @@ def scale(logits: mx.array, temperature: mx.array | float) -> mx.array:
     top = mx.max(logits, axis=-1, keepdims=True)
     scaled = (logits - top) / temperature
     return mx.where(logits == NEG_INF, NEG_INF, mx.where(logits >= top, 0.0, scaled))
-
-
-def _f32(value: float) -> np.float32:
-    with np.errstate(over="ignore"):
-        return np.float32(value)
-
-
-def sampler_init_error(p: SamplingParams) -> str | None:
-    """common_sampler_init's refusals (common/sampling.cpp), in its order, in float32."""
-    repeat = _f32(p.repeat_penalty)
-    with np.errstate(divide="ignore", over="ignore"):
-        reciprocal = np.float32(1.0) / repeat if repeat != 0 else np.float32(np.inf)
-    if not math.isfinite(repeat) or repeat <= 0 or not math.isfinite(reciprocal):
-        return "penalty_repeat must be finite and greater than 0"
-    if not math.isfinite(_f32(p.frequency_penalty)):
-        return "penalty_freq must be finite"
-    if not math.isfinite(_f32(p.presence_penalty)):
-        return "penalty_present must be finite"
-    return None

@@ -24,13 +24,12 @@ from mlx_lm.generate import BatchGenerator
 from .admission import Admission
 from .cache_snapshots import Snapshots
 from .chain import infill_vocab
-from .checks import check_prompt
+from .checks import check_prompt, sampler_init_error
 from .device import WiredLimit, engine_stream, release_streams, without_wired_limit
 from .grammar import GrammarCache, GrammarError
 from .kv_quant import KVLayout
 from .lora import AdaptedBatchGenerator, AdapterSet
 from .model import LoadedModel
-from .numerics import sampler_init_error
 from .penalties import Breakers, dry_breakers
 from .prefix_cache import PrefixCache, cache_bytes
 from .retirement import Retirement

@@ -6,25 +6,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .grammar import GrammarProcessor
-from .lora import BASE_KEY
+from .adapter_folder import BASE_KEY
 from .text import TextState
-from .types import EngineEvent, GenerationRequest, Timings, TokenProbs
+from .types import EngineConfig, EngineEvent, GenerationRequest, Timings, TokenProbs
+
+if TYPE_CHECKING:
+    from .grammar import GrammarProcessor
 
 Sink = Callable[[list[EngineEvent]], None]
 
-
-@dataclass
-class EngineConfig:
-    n_parallel: int = 4
-    n_ctx: int = 2048  # per slot
-    n_batch: int = 64  # prefill chunk, and the prompt tokens one step reads in all
-    prefill_waves: bool = True  # a burst of prompts read n_batch tokens a step (prefill_waves.py)
-    cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
-    cache_ram_mib: int = 8192  # the prefix cache's KV bytes, in MiB (--cache-ram); -1: no limit
-    max_queue: int = 256  # waiting groups before new requests are refused
-    kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
+__all__ = ["EngineConfig", "EngineMetrics", "Group", "Sink", "Slot", "Task", "units"]
 
 
 @dataclass

@@ -249,6 +249,21 @@ class Gather:
         return self.floor_s <= 0 and self.per_sequence_s <= 0
 
 
+@dataclass
+class EngineConfig:
+    """The engine's settings. Their defaults are the server's: GraphArgs takes them from here
+    (deployments/api/config.py), and deployments/serve/engines.py makes one from a GraphArgs."""
+
+    n_parallel: int = 4
+    n_ctx: int = 2048  # per slot
+    n_batch: int = 512  # prefill chunk, and the prompt tokens one step reads in all
+    prefill_waves: bool = True  # a burst of prompts read n_batch tokens a step (prefill_waves.py)
+    cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
+    cache_ram_mib: int = 8192  # the prefix cache's KV bytes, in MiB (--cache-ram); -1: no limit
+    max_queue: int = 256  # waiting groups before new requests are refused
+    kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
+
+
 # llama.cpp's KV cache types (-ctk/-ctv) mlxray takes: the quantized ones with their bits (MLX's
 # affine groups of 32, engine/kv_quant.py), the others the unquantized cache in the model's dtype
 QUANTIZED_TYPES = {"q8_0": 8, "q4_0": 4}

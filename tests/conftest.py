@@ -148,7 +148,8 @@ def serve_instance() -> Iterator[int]:
 @pytest.fixture(scope="session")
 def deploy_app(serve_instance: int) -> Callable[..., str]:
     """deploy_app(name, args) -> base URL of a graph deployed under /<name>; ``replica_options``
-    are ModelReplica's deployment options (replicas, autoscaling, router)."""
+    are ModelReplica's deployment options (replicas, autoscaling, router); ``engine`` its
+    engine's maker (``FAKE``: engine/fake.py's, for tests a model adds nothing to)."""
     from ray import serve
 
     from deployments.api.config import GraphArgs
@@ -157,11 +158,11 @@ def deploy_app(serve_instance: int) -> Callable[..., str]:
     deployed: dict[str, str] = {}
 
     def deploy(name: str, args: dict, prefix: str | None = None,
-               replica_options: dict | None = None) -> str:
+               replica_options: dict | None = None, engine=None) -> str:
         if name in deployed:
             return deployed[name]
         route = "/" if prefix == "/" else f"/{prefix or name}"
-        app = build_graph(GraphArgs.model_validate(args), replica_options)
+        app = build_graph(GraphArgs.model_validate(args), replica_options, engine)
         serve.run(app, name=name, route_prefix=route, blocking=False)
         base = f"http://127.0.0.1:{serve_instance}" + ("" if route == "/" else route)
         wait_healthy(base)

@@ -24,7 +24,7 @@ from deployments.api.json_values import INT32_MAX
 from engine.adapter_folder import AdapterError, adapter_kind
 from engine.device_choice import DEVICE_PATTERN
 from engine.gguf import is_gguf
-from engine.types import Gather
+from engine.types import EngineConfig, Gather
 
 
 class Handle(Protocol):
@@ -37,6 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
 # The llama-server build mlxray answers as (/props build_info, OpenAI system_fingerprint).
 BUILD_INFO = "b10621-c1d0e7a"
+ENGINE = EngineConfig()  # the engine's settings' defaults, written once (engine/types.py)
 # The default gather of stream tokens after the first (docs/performance.md has the A/B).
 PER_SEQUENCE_MS = 4.0
 MAX_INTERVAL_MS = 50.0
@@ -71,9 +72,10 @@ class GraphArgs(BaseModel):
     chat_template_kwargs: dict[str, Any] = Field(
         {}, description="default variables of the chat template, under a request's own "
                         "chat_template_kwargs (llama-server --chat-template-kwargs)")
-    n_parallel: int = Field(4, ge=1, le=256, description="slots (llama-server -np)")
-    n_ctx: int = Field(2048, ge=8, description="context tokens per slot")
-    n_batch: int = Field(512, ge=1, description="prefill chunk in tokens (llama-server -b)")
+    n_parallel: int = Field(ENGINE.n_parallel, ge=1, le=256, description="slots (llama-server -np)")
+    n_ctx: int = Field(ENGINE.n_ctx, ge=8, description="context tokens per slot")
+    n_batch: int = Field(ENGINE.n_batch, ge=1,
+                         description="prefill chunk in tokens (llama-server -b)")
     n_predict: int = Field(-1, ge=-1, description="default token limit (llama-server -n)")
     temperature: float = Field(0.8, description="default temperature (--temp; <= 0: greedy)")
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
@@ -91,14 +93,16 @@ class GraphArgs(BaseModel):
         description="default of a request's reasoning_budget_tokens (--reasoning-budget): "
                     "-1 no budget, 0 end at once, N tokens")
     kv_cache_type: Literal["f32", "f16", "bf16", "q8_0", "q4_0"] = Field(
-        "f16", description="the KV cache (-ctk/-ctv): q8_0, q4_0 quantized (groups of 32); "
-                           "f32, f16, bf16 unquantized, in the model's dtype")
+        ENGINE.kv_cache_type,
+        description="the KV cache (-ctk/-ctv): q8_0, q4_0 quantized (groups of 32); "
+                    "f32, f16, bf16 unquantized, in the model's dtype")
     cache_entries: int = Field(
-        0, ge=0, description="prefix-cache entries, prompt snapshots included; 0: two per slot")
+        ENGINE.cache_entries, ge=0,
+        description="prefix-cache entries, prompt snapshots included; 0: two per slot")
     cache_ram_mib: int = Field(
-        8192, ge=-1, description="the prefix cache's KV arrays in MiB (-cram, --cache-ram): "
-                                 "least recently used entries are evicted past it; -1 no limit, "
-                                 "0 no prefix cache")
+        ENGINE.cache_ram_mib, ge=-1,
+        description="the prefix cache's KV arrays in MiB (-cram, --cache-ram): least recently "
+                    "used entries are evicted past it; -1 no limit, 0 no prefix cache")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
         description="streams: after the first token, gather tokens for this long per item, "
@@ -125,7 +129,7 @@ class GraphArgs(BaseModel):
                               "one routed Ray Serve call per hop; deployments/serve/channel.py; "
                               "per_request when Ray runs with TLS) or per_request (each "
                               "request's items are its own Ray Serve stream)")
-    max_queue: int = Field(256, ge=0, description="queued requests before 503")
+    max_queue: int = Field(ENGINE.max_queue, ge=0, description="queued requests before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")
     props: bool = Field(False, description="allow POST /props (--props)")

@@ -13,6 +13,7 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.api.config import GraphArgs, replica_ongoing_limit
+from deployments.serve.engines import EngineMaker
 from deployments.serve.ingress import Ingress
 from deployments.serve.replica import ModelReplica
 from deployments.serve.shaper import ResponseShaper
@@ -35,11 +36,13 @@ def deployment_suffix(model_name: str) -> str:
     return replica_deployment(model_name, named=True).removeprefix("ModelReplica")
 
 
-def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None) -> Application:
+def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None,
+                engine: EngineMaker | None = None) -> Application:
     """``replica_options`` are ModelReplica's deployment options (num_replicas,
     autoscaling_config, request_router_config, health_check_period_s, ...), as a config's
     ``deployments`` sets them, for every model's replicas; max_ongoing_requests defaults to
-    ``replica_ongoing_limit``."""
+    ``replica_ongoing_limit``. ``engine`` makes each replica's engine (deployments/serve/
+    engines.py: the MLX one by default, ``engines.fake`` for the tests of the graph)."""
     models = config.model_configs()
     named = len(models) > 1
     suffixes = [deployment_suffix(m.model_name) if named else "" for m in models]
@@ -48,17 +51,17 @@ def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None
         if len(same) > 1:
             raise ValueError(f"models {same} would share the deployment names *{suffix}: "
                              "give them aliases that differ in more than '.', '/' or '#'")
-    stacks = [model_stack(m, replica_options, s) for m, s in zip(models, suffixes)]
+    stacks = [model_stack(m, replica_options, s, engine) for m, s in zip(models, suffixes)]
     # the one ingress carries every model's requests
     front = max(1000, 2 * sum(replica_ongoing_limit(m) for m in models))
     return Ingress.options(max_ongoing_requests=front).bind(stacks, config, StatusBoard.bind())
 
 
-def model_stack(config: GraphArgs, replica_options: dict[str, Any] | None,
-                suffix: str) -> tuple[Application, Application, GraphArgs]:
+def model_stack(config: GraphArgs, replica_options: dict[str, Any] | None, suffix: str,
+                engine: EngineMaker | None = None) -> tuple[Application, Application, GraphArgs]:
     """One model's shaper and replica deployments, and its settings, as the ingress takes them."""
     options = {"max_ongoing_requests": replica_ongoing_limit(config), **(replica_options or {})}
-    replica = ModelReplica.options(name="ModelReplica" + suffix, **options).bind(config)
+    replica = ModelReplica.options(name="ModelReplica" + suffix, **options).bind(config, engine)
     shaper = ResponseShaper.options(name="ResponseShaper" + suffix,
                                     max_ongoing_requests=front_ongoing_limit(config))
     return shaper.bind(replica, config), replica, config

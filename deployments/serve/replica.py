@@ -20,12 +20,12 @@ from ray import serve
 from deployments.api.config import GraphArgs
 from deployments.api.schema import CompletionParams
 from deployments.serve import channel
+from deployments.serve.engines import EngineMaker, mlx_engine
 from deployments.serve.replica_adapters import AdapterError, ReplicaAdapters
-from deployments.serve.shards import Shards, engine_config, start_leader
+from deployments.serve.shards import Shards, start_leader
 from deployments.serve.status import engine_snapshot, start_reporting
-from engine import aio, device_choice, embed, slot_store
-from engine.model import LoadedModel, load_model
-from engine.scheduler import Engine
+from engine import aio, device_choice
+from engine.seam import EngineLike
 from engine.types import (
     UNLIMITED_BUDGET,
     EngineError,
@@ -119,12 +119,12 @@ def _copy(value):
 
 @serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)
 class ModelReplica:
-    def __init__(self, args: GraphArgs):
+    def __init__(self, args: GraphArgs, engine_cls: EngineMaker | None = None):
         self.args = args
+        self.engine_cls = engine_cls or mlx_engine  # deployments/serve/engines.py
         _log_to_serve()
         device_choice.check(args.device)  # a device MLX cannot run on fails the start, saying so
-        self.loaded: LoadedModel | None = None
-        self.engine: Engine | None = None
+        self.engine: EngineLike | None = None
         self.load_error: BaseException | None = None
         self.shards: Shards | None = None  # the other ranks of a sharded replica
         self.adapters = ReplicaAdapters(args)
@@ -137,14 +137,12 @@ class ModelReplica:
     def _load(self) -> None:
         try:
             if self.args.shards > 1:
-                loaded, engine, self.shards = start_leader(self.args)
+                _, engine, self.shards = start_leader(self.args)
             else:
-                loaded = load_model(self.args.model_path, self.args.adapter, self.args.device,
-                                    self.args.config_overrides)
-                engine = Engine(loaded, engine_config(self.args))
+                engine = self.engine_cls(self.args)
             engine.start()
             self.adapters.load_startup(engine)
-            self.loaded, self.engine = loaded, engine
+            self.engine = engine
         except BaseException as exc:  # surfaced through check_health
             log.exception("model load failed")
             self.load_error = exc
@@ -163,7 +161,7 @@ class ModelReplica:
             raise EngineError(f"{what} is not supported on a sharded replica", 501,
                               "not_supported_error")
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> EngineLike:
         if self.engine is None:
             raise EngineError("Loading model", 503, "unavailable_error")
         return self.engine
@@ -228,6 +226,8 @@ class ModelReplica:
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> dict:
         """Pooled hidden states per prompt: {"result": [...]} or {"error": {...}}."""
+        from engine import embed
+
         engine = self._engine()
         try:
             self._unsharded("embeddings")
@@ -244,6 +244,8 @@ class ModelReplica:
                           filename: str) -> dict:
         """save, restore or erase a slot's KV state; the ingress has validated the file path.
         Answers {"result": ...} or {"error": {message, code, type}}."""
+        from engine import slot_store
+
         engine = self._engine()
         if self.args.shards > 1:
             return {"error": {"message": "slot actions are not supported on a sharded replica",

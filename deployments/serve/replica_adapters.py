@@ -14,7 +14,6 @@ from ray import serve
 from deployments.api.adapters import plain_name
 from deployments.api.config import GraphArgs
 from engine.adapter_folder import AdapterError
-from engine.lora import read_lora
 
 
 class ReplicaAdapters:
@@ -31,6 +30,8 @@ class ReplicaAdapters:
 
     def load_startup(self, engine: Any) -> None:
         """Before the replica is ready: every adapter of the config, on the engine's thread."""
+        from engine.lora import read_lora
+
         self.engine = engine
         specs = self.startup
         engine.run_on_loop(lambda e: [e.adapters.add(read_lora(s.path, s.name)) for s in specs])
@@ -52,6 +53,8 @@ class ReplicaAdapters:
                 await load(name)
 
     async def _load(self, name: str) -> _Loaded:
+        from engine.lora import read_lora
+
         if self.lora_dir is None or not plain_name(name):
             raise AdapterError(f"no adapter '{name}' to load")
         path = self.lora_dir / name

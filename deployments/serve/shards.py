@@ -30,6 +30,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.api.config import GraphArgs
+from deployments.serve.engines import engine_config
 from engine.types import EngineError
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -63,14 +64,6 @@ def ring_address() -> str:
         port = s.getsockname()[1]
     return f"{ray.util.get_node_ip_address()}:{port}"
 
-
-def engine_config(args: GraphArgs):
-    from engine.scheduler import EngineConfig
-
-    return EngineConfig(n_parallel=args.n_parallel, n_ctx=args.n_ctx, n_batch=args.n_batch,
-                        cache_entries=args.cache_entries, cache_ram_mib=args.cache_ram_mib,
-                        max_queue=args.max_queue,
-                        kv_cache_type=args.kv_cache_type)
 
 
 @ray.remote(num_cpus=0)

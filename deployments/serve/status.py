@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import ray
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
 log = logging.getLogger("mlxray.status")
 
@@ -120,7 +121,7 @@ def start_reporting(model: str, snapshot: Callable[[], dict | None]) -> asyncio.
     try:
         context = serve.get_replica_context()
         loop = asyncio.get_running_loop()
-    except RuntimeError:
+    except (RuntimeError, RayServeException):
         return None
     replica = context.replica_id.unique_id
     node = ray.get_runtime_context().get_node_id()

@@ -1,6 +1,6 @@
 """Processes import what they use: the ingress, the response shaper and the ``mlxray`` command
-(``--help`` included) load no MLX. Only the model replica does: on a Mac, importing mlx_lm's
-generate module makes a GPU stream in the importing process."""
+(``--help`` included) load no MLX. Only the model replica's MLX engine does: on a Mac,
+importing mlx_lm's generate module makes a GPU stream in the importing process."""
 
 from __future__ import annotations
 
@@ -30,9 +30,12 @@ def test_no_mlx_outside_the_replica(name):
     assert run.stdout.splitlines()[-1] == "[]"
 
 
-def test_the_replica_does_load_mlx():
-    """The check sees MLX where it is imported (it would pass vacuously otherwise)."""
-    run = subprocess.run([sys.executable, "-c", f"import deployments.serve.replica\n{LOADED}"],
+def test_the_mlx_engine_does_load_mlx():
+    """The check sees MLX where it is imported (it would pass vacuously otherwise): in a
+    replica, once it makes its MLX engine (deployments/serve/engines.py imports it there; a
+    replica on the fake engine loads none: tests/engine/test_fake.py)."""
+    program = "import deployments.serve.replica\nfrom engine.scheduler import Engine"
+    run = subprocess.run([sys.executable, "-c", f"{program}\n{LOADED}"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "mlx.core" in run.stdout.splitlines()[-1]

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.chain import chain_processor
-from engine.numerics import FLT_MAX, sampler_init_error, scale
+from engine.checks import sampler_init_error
+from engine.numerics import FLT_MAX, scale
 from engine.penalties import make_processors
 from engine.sampling import make_sampler
 from engine.types import DEFAULT_SAMPLERS, SamplingParams

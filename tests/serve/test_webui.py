@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from ..conftest import MODEL, wait_for
+from ..local_graph import local_graph
 
 KEY = "webui-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -29,14 +30,15 @@ def webui_base(deploy_app) -> str:
     return deploy_app("webui", WEBUI_ARGS)
 
 
+# the routes' tests gain nothing from a model or Ray: the graph in-process, on the fake engine
 @pytest.fixture(scope="module")
-def no_webui_base(deploy_app) -> str:
-    return deploy_app("nowebui", {"model": MODEL, "n_parallel": 1, "n_ctx": 256,
-                                  "webui": False})
+def no_webui() -> Iterator[httpx.Client]:
+    with local_graph({"n_parallel": 1, "n_ctx": 256, "webui": False}) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
-def static_base(deploy_app, tmp_path_factory) -> str:
+def static(tmp_path_factory) -> Iterator[httpx.Client]:
     """--path: a folder of its own files, a secret file beside it."""
     root = tmp_path_factory.mktemp("static")
     (root / "secret.txt").write_text("not served")
@@ -47,8 +49,8 @@ def static_base(deploy_app, tmp_path_factory) -> str:
     (site / "docs" / "note.txt").write_text("a note")
     (site / "docs" / "index.html").write_text("docs index")
     (site / "webui" / "app.js").write_text("console.log('custom');")
-    return deploy_app("static", {"model": MODEL, "n_parallel": 1, "n_ctx": 256,
-                                 "static_path": str(site)})
+    with local_graph({"n_parallel": 1, "n_ctx": 256, "static_path": str(site)}) as client:
+        yield client
 
 
 # ---- over HTTP -----------------------------------------------------------------------------
@@ -92,35 +94,35 @@ def test_status_gathers_every_replica(webui_base):
     assert all(not s["is_processing"] for s in replica["slots"])
 
 
-def test_no_webui_answers_as_an_unknown_route(no_webui_base):
+def test_no_webui_answers_as_an_unknown_route(no_webui):
     for path in ("/", "/index.html", "/webui/app.js"):
-        answer = httpx.get(no_webui_base + path)
+        answer = no_webui.get(path)
         assert answer.status_code == 404
         assert answer.json()["error"]["type"] == "not_found_error"
-    assert httpx.get(no_webui_base + "/props").json()["ui"] is False
+    assert no_webui.get("/props").json()["ui"] is False
 
 
-def test_path_serves_the_folder_instead_of_the_page(static_base):
-    page = httpx.get(static_base + "/")
+def test_path_serves_the_folder_instead_of_the_page(static):
+    page = static.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert page.text == "<html><body>custom ui</body></html>"
-    assert httpx.get(static_base + "/index.html").text == page.text
-    note = httpx.get(static_base + "/docs/note.txt")
+    assert static.get("/index.html").text == page.text
+    note = static.get("/docs/note.txt")
     assert note.text == "a note" and note.headers["content-type"].startswith("text/plain")
-    assert httpx.get(static_base + "/docs/").text == "docs index"
-    assert httpx.get(static_base + "/webui/app.js").text == "console.log('custom');"
+    assert static.get("/docs/").text == "docs index"
+    assert static.get("/webui/app.js").text == "console.log('custom');"
     # the built-in page's assets are not there, nor anything outside the folder
     for path in ("/webui/style.css", "/absent.html", "/%2E%2E/secret.txt",
                  "/docs/%2E%2E/%2E%2E/secret.txt", "/..%2Fsecret.txt"):
-        answer = httpx.get(static_base + path)
+        answer = static.get(path)
         assert answer.status_code == 404, path
         assert answer.json()["error"]["type"] == "not_found_error"
     # the API is unaffected
-    assert httpx.get(static_base + "/health").json() == {"status": "ok"}
-    assert httpx.get(static_base + "/props").json()["ui"] is True
-    assert httpx.get(static_base + "/completion").status_code == 404  # a POST-only route
-    out = httpx.post(static_base + "/completion", timeout=60,
-                     json={"prompt": "def f():\n", "n_predict": 3, "temperature": 0})
+    assert static.get("/health").json() == {"status": "ok"}
+    assert static.get("/props").json()["ui"] is True
+    assert static.get("/completion").status_code == 404  # a POST-only route
+    out = static.post("/completion", json={"prompt": "def f():\n", "n_predict": 3,
+                                           "temperature": 0})
     assert out.json()["tokens_predicted"] == 3
 
 
