@@ -71,9 +71,3 @@ def build(config: dict, folder: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     return folder
-
-
-def n_parameters(folder: str) -> int:
-    import mlx.core as mx
-
-    return sum(a.size for a in mx.load(str(Path(folder) / "model.safetensors")).values())

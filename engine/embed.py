@@ -9,8 +9,6 @@ import mlx.core as mx
 from .scheduler import Engine
 from .types import EngineError
 
-POOLINGS = ("none", "mean", "cls", "last")
-
 
 def hidden_states(engine: Engine, tokens: list[int]) -> mx.array:
     """(n_tokens, n_embd) hidden states of one prompt, causal attention, no KV cache."""

@@ -25,8 +25,6 @@ from mlx_lm.models.llama import Model as LlamaCausal
 from .device_choice import choose as choose_device
 from .model import LoadedModel, describe
 
-SHARD_MODES = ("pipeline", "tensor")
-
 
 class ShardError(ValueError):
     """The model cannot be split this way (its architecture, or its head or layer counts)."""

@@ -55,7 +55,6 @@ from engine.types import (
 #   honored    the effect is implemented
 #   inert      the reference parses it and it changes nothing on this route; we do the same
 #   refused    parsed and type-checked, then refused with a 400 naming it unless at its default
-POLICIES = ("honored", "inert", "refused")
 
 
 @dataclass(frozen=True)
@@ -250,10 +249,6 @@ SPECULATIVE_KEYS = ("speculative.n_max", "speculative.n_min", "speculative.p_min
                     "speculative.type", "speculative.ngram_size_n", "speculative.ngram_size_m",
                     "speculative.ngram_min_hits")
 
-_FIELD_DEFAULTS = {f.name: f.default for f in fields(CompletionParams)
-                   if not callable(f.default_factory)}
-
-
 def _convert(spec: Field, value: Any, ctx: ParseContext) -> Any:
     kind = spec.kind
     if kind == "custom":
@@ -385,7 +380,3 @@ def split_prompts(body: dict) -> list:
     if not prompts:
         raise invalid('"prompt" must not be empty')
     return prompts
-
-
-def field_names() -> list[str]:
-    return [f.name for f in FIELDS]
