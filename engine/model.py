@@ -33,10 +33,10 @@ def load_model(path: str, adapter: str | None = None, device: str = "auto",
     the hub is reachable; ``adapter``: a DoRA or full fine-tune folder fused into the weights
     (engine/lora.py); ``device``: where it runs (engine/device_choice.py); ``config_overrides``:
     keys laid over the folder's config.json (RoPE settings: deployments/cli/rope.py)."""
-    from .gguf import is_gguf, load_gguf
+    from .gguf import is_gguf
 
     if is_gguf(path):
-        loaded = load_gguf(path, device)
+        loaded = _load_gguf(path, device)
         if adapter is not None:
             _fuse(loaded.model, adapter)
         return loaded
@@ -108,3 +108,21 @@ def _leaves(tree) -> list[mx.array]:
     if isinstance(tree, (list, tuple)):
         return [leaf for v in tree for leaf in _leaves(v)]
     return []
+
+
+def _load_gguf(path: str, device: str) -> LoadedModel:
+    """A GGUF file (engine/gguf) as a LoadedModel: its weights built for mlx-lm, its tokenizer."""
+    from .gguf.loader import build_model
+    from .gguf.reader import GGUFFile
+    from .vocab import gguf_vocab
+
+    device_used = choose_device(device)
+    file = GGUFFile(path)
+    model, config = build_model(file)
+    return LoadedModel(
+        model=model, vocab=gguf_vocab(file), path=str(Path(path).resolve()),
+        n_ctx_train=file.context_length, n_embd=int(config["hidden_size"]),
+        n_params=file.n_params, size_bytes=file.size_bytes,
+        chat_template=file.get("tokenizer.chat_template"), ftype=file.ftype,
+        device=device_used,
+    )

@@ -148,9 +148,9 @@ def load_vocab(path: str) -> Vocab:
     from .gguf import is_gguf
 
     if is_gguf(path):
-        from .gguf.tokenizer import load_gguf_vocab
+        from .gguf.reader import GGUFFile
 
-        return load_gguf_vocab(path)
+        return gguf_vocab(GGUFFile(path))
 
     hf = AutoTokenizer.from_pretrained(path)
     eos: set[int] = set()
@@ -160,6 +160,13 @@ def load_vocab(path: str) -> Vocab:
             value = json.loads(file.read_text()).get("eos_token_id")
             eos.update(value if isinstance(value, list) else [] if value is None else [value])
     return Vocab(hf, eos)
+
+
+def gguf_vocab(file) -> Vocab:
+    """The tokenizer of an open GGUF file (engine/gguf/reader.py's GGUFFile)."""
+    from .gguf.tokenizer import hf_tokenizer
+
+    return Vocab(*hf_tokenizer(file))
 
 
 def _decoder_type(backend) -> str:

@@ -19,14 +19,14 @@ multiplexed model id, which routes them to a replica that holds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deployments.api.config import GraphArgs
 from deployments.api.errors import invalid
-from deployments.api.json_values import f32, to_float, to_int
+from deployments.api.field_parsers import lora_list
+from deployments.api.json_values import f32
 from deployments.api.schema import CompletionParams
 from engine.adapter_folder import AdapterError, adapter_kind
 
@@ -111,23 +111,3 @@ class AdapterTable:
 def plain_name(name: str) -> bool:
     """A folder name inside lora_dir, nothing that leaves it."""
     return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
-
-
-def lora_list(entries: list) -> list[dict]:
-    """parse_lora_request: each entry's id (-1 when missing or not a number) and scale (0.0),
-    the last one per id winning, ordered by id."""
-    scales: dict[int, float] = {}
-    for entry in entries:
-        scales[_entry_value(entry, "id", -1, to_int)] = _entry_value(entry, "scale", 0.0,
-                                                                     to_float)
-    return [{"id": i, "scale": scales[i]} for i in sorted(scales)]
-
-
-def _entry_value(entry: Any, key: str, default: Any, convert: Callable[[Any], Any]) -> Any:
-    """json_value(entry, key, default): the default for a missing, null or mistyped value."""
-    if not isinstance(entry, dict) or entry.get(key) is None:
-        return default
-    try:
-        return convert(entry[key])
-    except ValueError:
-        return default

@@ -64,11 +64,29 @@ def parse_breakers(value: Any, ctx: ParseContext) -> list[str]:
 
 
 def parse_lora(value: Any, ctx: ParseContext) -> list[dict]:
-    from deployments.api.adapters import lora_list  # it builds on this module's conversions
-
     if not isinstance(value, list):
         raise ValueError("Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
     return lora_list(value)
+
+
+def lora_list(entries: list) -> list[dict]:
+    """parse_lora_request: each entry's id (-1 when missing or not a number) and scale (0.0),
+    the last one per id winning, ordered by id."""
+    scales: dict[int, float] = {}
+    for entry in entries:
+        scales[_entry_value(entry, "id", -1, to_int)] = _entry_value(entry, "scale", 0.0,
+                                                                     to_float)
+    return [{"id": i, "scale": scales[i]} for i in sorted(scales)]
+
+
+def _entry_value(entry: Any, key: str, default: Any, convert: Callable[[Any], Any]) -> Any:
+    """json_value(entry, key, default): the default for a missing, null or mistyped value."""
+    if not isinstance(entry, dict) or entry.get(key) is None:
+        return default
+    try:
+        return convert(entry[key])
+    except ValueError:
+        return default
 
 
 def parse_stop(value: Any, ctx: ParseContext) -> list[str]:
@@ -214,7 +232,3 @@ def parse_grammar_triggers(value: Any, ctx: ParseContext) -> list[dict]:
     if ctx.request is not None and ctx.request.grammar_lazy and not triggers:
         raise ValueError("Error: no triggers set for lazy grammar!")
     return triggers
-
-
-def parse_grammar(value: Any, ctx: ParseContext) -> str:
-    return value if isinstance(value, str) else ""

@@ -6,7 +6,8 @@ name rather than guessed. SentencePiece vocabularies ("llama") merge by token sc
 spaces as ``▁`` and fall back to ``<0xXX>`` byte tokens. Control tokens are special; user-defined
 ones are matched in any text, as llama.cpp does. BOS, EOS, EOT and the end-of-generation set come
 from the file, as does the chat template. The result is a Hugging Face fast tokenizer, so the
-rest of mlxray (Vocab, chat templates, grammars) treats it as any model folder's.
+rest of mlxray (engine/vocab.py's Vocab, chat templates, grammars) treats it as any model
+folder's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, processors
 from tokenizers import pre_tokenizers as pre
 
-from ..vocab import Vocab
 from .reader import GGUFError, GGUFFile
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -190,12 +190,8 @@ def _split_merge(merge: str) -> tuple[str, str]:
     return (merge[:cut], merge[cut + 1:]) if cut >= 0 else (merge, "")
 
 
-def load_gguf_vocab(path: str) -> Vocab:
-    """The tokenizer alone (no MLX): what the ingress needs from a GGUF file."""
-    return build_vocab(GGUFFile(path))
-
-
-def build_vocab(file: GGUFFile) -> Vocab:
+def hf_tokenizer(file: GGUFFile) -> tuple[object, set[int]]:
+    """The file's tokenizer as a Hugging Face fast tokenizer, and its end-of-generation ids."""
     from transformers import PreTrainedTokenizerFast
 
     spec = GGUFTokenizer(file)
@@ -205,4 +201,4 @@ def build_vocab(file: GGUFFile) -> Vocab:
         tokenizer_object=tok, chat_template=file.get("tokenizer.chat_template"),
         clean_up_tokenization_spaces=False,
         **{key: spec.tokens[i] for key, i in named.items() if i is not None})
-    return Vocab(hf, spec.eog_ids())
+    return hf, spec.eog_ids()

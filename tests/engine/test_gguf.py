@@ -18,9 +18,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
 
 from engine.gguf.reader import GGUFError, GGUFFile, ftype_name
-from engine.gguf.tokenizer import build_vocab
 from engine.model import load_model
-from engine.vocab import load_vocab
+from engine.vocab import gguf_vocab, load_vocab
 
 from ..conftest import MODEL
 from ..gguf_files import (
@@ -280,7 +279,7 @@ def test_sentencepiece_vocabulary_tokenizes_as_llama_cpp(tmp_path):
     """llama.cpp's SPM tokenizer: merges by score, a space prefix, byte fallback, BOS added; a
     user-defined token splits the text, each fragment getting its own prefix."""
     sp, path = spm_fixture(tmp_path)
-    vocab = build_vocab(GGUFFile(path))
+    vocab = gguf_vocab(GGUFFile(path))
     texts = ["def main():\n    return 1", "  two  spaces", "héllo wörld 漢字 🙂", "",
              "import os, sys\nclass Foo(object):\n    pass", "12345 67"]
     for text in texts:
