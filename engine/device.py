@@ -10,7 +10,6 @@ failed step, and the old one's restore would undo the limit while the new one ru
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 
@@ -51,10 +50,3 @@ class WiredLimit:
             mx.synchronize(stream)
         mx.set_wired_limit(self._previous)
         self._previous = None
-
-
-def without_wired_limit(generator: BatchGenerator) -> BatchGenerator:
-    """The engine holds the limit, not the generator: its close() must not restore the limit
-    it found (mlx-lm 0.32's ``_old_wired_limit``, pinned in pyproject.toml)."""
-    generator._old_wired_limit = None
-    return generator

@@ -9,10 +9,10 @@ is wrapped once (``BatchedLoRA``) and holds the A and B of every loaded adapter 
 table of column scales (the sequence's scale of the adapter owning the column, times its alpha)
 before ``@ B_cat``, so sequences with different adapters, scales, or none share one batch.
 
-The table is bound around each model call of mlx-lm's BatchGenerator (``AdaptedBatchGenerator``):
-its batches know their sequences' uids in row order, and the engine assigns each uid its
-adapters (``AdapterSet.assign``). MLX is lazy: the table is captured when the call builds the
-graph, so binding it for the call is enough.
+The table is bound around each model call of mlx-lm's BatchGenerator (``AdaptedBatchGenerator``,
+engine/batching.py): its batches know their sequences' uids in row order, and the engine assigns
+each uid its adapters (``AdapterSet.assign``). MLX is lazy: the table is captured when the call
+builds the graph, so binding it for the call is enough.
 
 DoRA and full fine-tunes are not low-rank deltas: ``fuse_adapter`` folds them into a model's
 weights, which is then served as a model of its own.
@@ -28,7 +28,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
-from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 
 from .adapter_folder import BASE_KEY, CONFIG_FILE, WEIGHTS_FILE, AdapterError, adapter_config
 
@@ -257,47 +256,3 @@ def adapter_key(adapters: AdapterScales) -> str:
     if not adapters:
         return BASE_KEY
     return BASE_KEY + "+lora:" + ",".join(f"{name}={scale!r}" for name, scale in adapters)
-
-
-# ---- binding the row table around BatchGenerator's model calls --------------------------------
-class _PromptBatch(PromptProcessingBatch):
-    """Prompt chunks, and the switch to generation (whose first step runs in its constructor)."""
-
-    def prompt(self, tokens):
-        with self.model.rows.bind(list(self.uids)):
-            return super().prompt(tokens)
-
-    def generate(self, tokens):
-        with self.model.rows.bind(list(self.uids)):
-            return super().generate(tokens)
-
-
-class _GenerationBatch(GenerationBatch):
-    def _step(self):
-        with self.model.rows.bind(list(self.uids)):
-            return super()._step()
-
-
-class AdaptedModel:
-    """The model as BatchGenerator calls it, carrying the row table its batches bind."""
-
-    def __init__(self, model: nn.Module, rows: RowTable):
-        self.model = model
-        self.rows = rows
-
-    def __call__(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self.model, name)
-
-
-class AdaptedBatchGenerator(BatchGenerator):
-    """mlx-lm's BatchGenerator whose batches bind each sequence's adapters for every call."""
-
-    def __init__(self, model: nn.Module, rows: RowTable, **kwargs):
-        adapted = AdaptedModel(model, rows)
-        super().__init__(adapted, **kwargs)
-        self._prompt_batch = _PromptBatch.empty(adapted, self.sampler,
-                                                prefill_step_size=self.prefill_step_size)
-        self._generation_batch = _GenerationBatch.empty(adapted, self.sampler)

@@ -7,12 +7,11 @@ sixteen prompts is read in one step of sixteen chunks, and none of them gets its
 before the whole burst is read (nor does any running sequence get its next one). Sized before
 each step to the prompts whose next chunks fit ``n_batch`` tokens (one at least), a burst goes in
 ``n_batch``-token waves: the first wave's first tokens come after a wave's time, the running
-sequences decode between waves, and the burst as a whole costs the same tokens.
+sequences decode between waves, and the burst as a whole costs the same tokens. The generator's
+queue is read in engine/batching.py (mlx-lm's internals).
 """
 
 from __future__ import annotations
-
-from mlx_lm.generate import BatchGenerator
 
 
 def wave_size(reading: list[int], waiting: list[int], budget: int) -> int:
@@ -26,21 +25,3 @@ def wave_size(reading: list[int], waiting: list[int], budget: int) -> int:
         used += chunk
         n += 1
     return max(1, n)
-
-
-def size_prefill_wave(gen: BatchGenerator, budget: int) -> None:
-    """Set ``gen.prefill_batch_size`` for its next step from its queue (mlx-lm 0.32's internals:
-    ``_currently_processing`` holds each reading prompt's remaining segments first,
-    ``_unprocessed_sequences`` each waiting one's segments second)."""
-    step = gen.prefill_step_size
-    reading = [_next_chunk(seq[0], step) for seq in gen._currently_processing]
-    waiting = [min(len(seq[1][0]), step) for seq in gen._unprocessed_sequences]
-    gen.prefill_batch_size = wave_size(reading, waiting, budget)
-
-
-def _next_chunk(segments: list[list[int]], step: int) -> int:
-    """Prompt tokens a reading sequence reads next step: none when only its last token is left
-    (that one goes to the generation batch)."""
-    if not segments or (len(segments) == 1 and len(segments[0]) == 1):
-        return 0
-    return min(len(segments[0]), step)

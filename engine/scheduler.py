@@ -22,13 +22,14 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from .admission import Admission
+from .batching import new_batch_generator
 from .cache_snapshots import Snapshots
 from .chain import infill_vocab
 from .checks import check_prompt, sampler_init_error
-from .device import WiredLimit, engine_stream, release_streams, without_wired_limit
+from .device import WiredLimit, engine_stream, release_streams
 from .grammar import GrammarCache, GrammarError
 from .kv_quant import KVLayout
-from .lora import AdaptedBatchGenerator, AdapterSet
+from .lora import AdapterSet
 from .model import LoadedModel
 from .penalties import Breakers, dry_breakers
 from .prefix_cache import PrefixCache, cache_bytes
@@ -268,17 +269,8 @@ class Engine(Admission, Stepping, Retirement):
                 release_streams(self._stream)
 
     def _new_batch_generator(self) -> BatchGenerator:
-        n = self.config.n_parallel
-        self.adapters.rows.by_uid.clear()
-        return without_wired_limit(AdaptedBatchGenerator(
-            self.loaded.model,
-            self.adapters.rows,
-            max_tokens=self.config.n_ctx,
-            completion_batch_size=n,
-            prefill_batch_size=n,
-            prefill_step_size=self.config.n_batch,
-            stream=self._stream,
-        ))
+        return new_batch_generator(self.loaded.model, self.adapters.rows, self.config,
+                                   self._stream)
 
     def _drain_inbox(self, block: bool) -> None:
         try:

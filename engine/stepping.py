@@ -10,7 +10,7 @@ import time
 
 import mlx.core as mx
 
-from .prefill_waves import size_prefill_wave
+from .batching import size_prefill_wave
 from .tasks import Task
 from .text import first_invalid_utf8
 from .types import (
