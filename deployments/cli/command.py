@@ -54,6 +54,9 @@ from deployments.cli.refused import (  # noqa: F401 - the command's table
     TENSOR_SPLIT,
     Refused,
     Unhonored,
+    refusal,
+    refused_env,
+    refused_flags,
 )
 from engine import device_choice
 from engine.gguf import is_gguf
@@ -221,25 +224,6 @@ def help_group(dest: str) -> str:
     if dest in cli_sampling.FIELDS or dest in ("temp", "seed", "samplers", "sampler_seq"):
         return "sampling"
     return "server"
-
-
-REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}
-
-
-def refused_flags(argv: Sequence[str]) -> list[str]:
-    return [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in REFUSED_BY_NAME]
-
-
-def refused_env(environ: dict[str, str]) -> list[str]:
-    return [u.env for u in REFUSED if u.env and u.env in environ]
-
-
-def refusal(names: list[str]) -> str:
-    """Every refused option given, named, each with the reason mlxray does not honor it."""
-    lines = [f"mlxray does not honor these llama-server options: {', '.join(names)} "
-             "(see docs/llama-server-compat.md)"]
-    lines += [f"  {name}: {REFUSED_BY_NAME[name].reason}" for name in names]
-    return "\n".join(lines)
 
 
 def _from_env(opt: Option, environ: dict[str, str]) -> Any:

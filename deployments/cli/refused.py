@@ -3,6 +3,7 @@ with the refusal (docs/llama-server-compat.md classifies each)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -55,3 +56,21 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
               ROUTER),
 )
+
+REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}
+
+
+def refused_flags(argv: Sequence[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in REFUSED_BY_NAME]
+
+
+def refused_env(environ: dict[str, str]) -> list[str]:
+    return [u.env for u in REFUSED if u.env and u.env in environ]
+
+
+def refusal(names: list[str]) -> str:
+    """Every refused option given, named, each with the reason mlxray does not honor it."""
+    lines = [f"mlxray does not honor these llama-server options: {', '.join(names)} "
+             "(see docs/llama-server-compat.md)"]
+    lines += [f"  {name}: {REFUSED_BY_NAME[name].reason}" for name in names]
+    return "\n".join(lines)
