@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deployments.api.engine_requests import to_requests
 from deployments.api.schema import CompletionParams, ParseContext, parse_completion
-from deployments.serve.replica import to_requests
 from engine.types import GenerationRequest
 from engine.vocab import Vocab
 

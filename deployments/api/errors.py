@@ -16,6 +16,15 @@ STATUS_BY_TYPE = {
 }
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A stream refused before its first frame, as its only item: the reference then answers
+    plain JSON, ``status`` and the error envelope ``body``, instead of a stream."""
+
+    status: int
+    body: bytes
+
+
 @dataclass
 class ApiError(Exception):
     """An answer that is an error. ``middleware`` errors (401, 404, 503 while loading) put the

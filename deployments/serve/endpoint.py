@@ -19,7 +19,7 @@ from deployments.api.adapters import AdapterTable
 from deployments.api.chat_template import ChatTemplate
 from deployments.api.config import GraphArgs
 from deployments.api.defaults import server_defaults
-from deployments.api.errors import ApiError, invalid
+from deployments.api.errors import ApiError, Refusal, invalid
 from deployments.api.schema import CompletionParams, ParseContext
 from deployments.api.shapes import OaiContext
 from deployments.serve import channel, direct_ingress
@@ -61,8 +61,8 @@ class ModelEndpoint:
         return self.args.model_name
 
     def sse(self, params: CompletionParams, prompts: list[list[int]],
-            oai: OaiContext | None) -> AsyncIterator[bytes | tuple[int, bytes]]:
-        """The shaper's ``stream`` items (SSE chunks, or one (status, JSON) refusal); those that
+            oai: OaiContext | None) -> AsyncIterator[bytes | Refusal]:
+        """The shaper's ``stream`` items (SSE chunks, or one Refusal); those that
         queue up while the client reads arrive as one."""
         if self.shared_channel:
             shaper = self.shaper

@@ -11,14 +11,12 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import fields
 from pathlib import Path
 
 import ray
 from ray import serve
 
 from deployments.api.config import GraphArgs
-from deployments.api.schema import CompletionParams
 from deployments.serve import channel
 from deployments.serve.engines import EngineMaker, mlx_engine
 from deployments.serve.replica_adapters import AdapterError, ReplicaAdapters
@@ -26,80 +24,9 @@ from deployments.serve.shards import Shards, start_leader
 from deployments.serve.status import engine_snapshot, start_reporting
 from engine import aio, device_choice
 from engine.seam import EngineLike
-from engine.types import (
-    UNLIMITED_BUDGET,
-    EngineError,
-    EngineEvent,
-    GenerationRequest,
-    GrammarTrigger,
-    ReasoningBudget,
-    SamplingParams,
-)
+from engine.types import EngineError, EngineEvent, GenerationRequest
 
 log = logging.getLogger("mlxray.replica")
-
-
-def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[GenerationRequest]:
-    """One engine request per prompt and completion, indexed prompt-major (index = p*n + j);
-    children of n_cmpl get seed + j unless the seed is random."""
-    out = []
-    n = params.n_cmpl
-    for p, tokens in enumerate(prompts):
-        for j in range(n):
-            seed = params.seed if params.seed == 0xFFFFFFFF else (params.seed + j) & 0xFFFFFFFF
-            out.append(GenerationRequest(
-                prompt_tokens=tokens,
-                sampling=_sampling(params, seed),
-                n_predict=params.n_predict,
-                stop=list(params.stop),
-                grammar=params.grammar,
-                grammar_prefill=_grammar_prefill(params),
-                reasoning_budget=_reasoning_budget(params),
-                grammar_lazy=params.grammar_lazy,
-                grammar_triggers=[GrammarTrigger(t["type"], t["value"], t.get("token", -1))
-                                  for t in params.grammar_triggers],
-                preserved_tokens=list(params.preserved_tokens),
-                ignore_eos=params.ignore_eos,
-                cache_prompt=params.cache_prompt,
-                n_indent=params.n_indent,
-                t_max_predict_ms=params.t_max_predict_ms,
-                stream=params.stream,
-                return_progress=params.return_progress,
-                timings_per_token=params.timings_per_token,
-                id_slot=params.id_slot if j == 0 else -1,
-                index=p * n + j,
-                child=j > 0,
-                adapters=params.adapters,
-                tag=params,
-            ))
-    return out
-
-
-def _sampling(p: CompletionParams, seed: int) -> SamplingParams:
-    """The schema's sampling values, field by field (every SamplingParams field is a schema field
-    of the same name), with the seed of this completion."""
-    values = {f.name: _copy(getattr(p, f.name)) for f in fields(SamplingParams)}
-    return SamplingParams(**{**values, "seed": seed})
-
-
-def _reasoning_budget(p: CompletionParams) -> ReasoningBudget | None:
-    """common_sampler_init makes the budget sampler only with a start tag, an end tag and a budget
-    (or reasoning_control or grammar_lazy, with an unlimited budget that never forces: it holds a
-    lazy grammar off inside the tags)."""
-    if not p.reasoning_budget_start or not p.reasoning_budget_end:
-        return None
-    if p.reasoning_budget_tokens < 0 and not (p.grammar_lazy or p.reasoning_control):
-        return None
-    tokens = p.reasoning_budget_tokens if p.reasoning_budget_tokens >= 0 else UNLIMITED_BUDGET
-    return ReasoningBudget(tokens, list(p.reasoning_budget_start),
-                           [list(tag) for tag in p.reasoning_budget_end],
-                           list(p.reasoning_budget_forced), p.generation_prompt)
-
-
-def _grammar_prefill(p: CompletionParams) -> str:
-    """A json_schema's grammar (an output-format grammar) accepts the generation prompt first,
-    unless lazy (common_grammar_needs_prefill); a client's grammar string never does."""
-    return p.generation_prompt if p.json_schema is not None and not p.grammar_lazy else ""
 
 
 def _log_to_serve() -> None:
@@ -111,10 +38,6 @@ def _log_to_serve() -> None:
         for handler in serve_log.handlers:
             ours.addHandler(handler)
         ours.propagate = False
-
-
-def _copy(value):
-    return list(value) if isinstance(value, list) else value
 
 
 @serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)
@@ -169,17 +92,16 @@ class ModelReplica:
     async def ready(self) -> bool:
         return self.engine is not None
 
-    async def generate(self, params: CompletionParams,
-                       prompts: list[list[int]]) -> AsyncIterator[list[EngineEvent]]:
-        """Stream the events of one client request (its prompts times n_cmpl) in batches.
+    async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[list[EngineEvent]]:
+        """Stream the events of one client request (its prompts times n_cmpl, as the shaper
+        converted them: deployments/api/engine_requests.py) in batches.
 
         A refused request yields one batch holding a single ErrorEvent, so the caller can answer
         with a plain JSON error before any frame is sent.
         """
         try:
             engine = self._engine()
-            await self.adapters.hold(params.adapters, self._load_adapter)
-            requests = to_requests(params, prompts)
+            await self.adapters.hold(requests[0].adapters, self._load_adapter)
             stream = aio.generate(engine, requests, self.args.gather)
             first = await anext(stream)
         except EngineError as exc:
@@ -197,11 +119,10 @@ class ModelReplica:
             # engine stream now (not whenever it is garbage collected) cancels the group.
             await stream.aclose()
 
-    async def push(self, params: CompletionParams, prompts: list[list[int]],
-                   reply: channel.ReplyTo) -> int:
+    async def push(self, requests: list[GenerationRequest], reply: channel.ReplyTo) -> int:
         """``generate``'s batches sent on the shared channel to ``reply``'s listener (the
         caller's process); returns how many, once the request has ended."""
-        return await channel.pump(self.generate(params, prompts), channel.sender(), reply)
+        return await channel.pump(self.generate(requests), channel.sender(), reply)
 
     async def model_info(self) -> dict:
         engine = self._engine()

@@ -33,14 +33,15 @@ def tokens_as_text(tokens: list[int]) -> str:
 
 
 class PrefixAffinityRouter(PrefixCacheAffinityRouter):
-    """Routes ``ModelReplica.generate(params, prompts)`` by its first prompt's token ids; calls
-    without prompts (``ready``, ``model_info``, ...) are routed by power of two choices."""
+    """Routes ``ModelReplica.generate(requests)`` (and ``push``) by its first request's prompt
+    tokens; calls without requests (``ready``, ``model_info``, ...) are routed by power of two
+    choices."""
 
     def _extract_text_from_request(self, pending_request: PendingRequest) -> str | None:
         args = pending_request.args
-        if len(args) < 2 or not isinstance(args[1], list) or not args[1]:
+        if not args or not isinstance(args[0], list) or not args[0]:
             return None
-        first = args[1][0]
-        if not isinstance(first, list) or not first:
+        tokens = getattr(args[0][0], "prompt_tokens", None)
+        if not isinstance(tokens, list) or not tokens:
             return None
-        return tokens_as_text(first)
+        return tokens_as_text(tokens)

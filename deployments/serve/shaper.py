@@ -10,7 +10,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.api.config import GraphArgs
-from deployments.api.errors import ApiError
+from deployments.api.engine_requests import to_requests
+from deployments.api.errors import ApiError, Refusal
 from deployments.api.protocols import protocol_shape
 from deployments.api.schema import CompletionParams
 from deployments.api.shapes import NativeShape, OaiChatShape, OaiCompletionShape, OaiContext, dumps
@@ -33,15 +34,18 @@ class ResponseShaper:
         self.model_name = args.model_name
 
     def _events(self, params: CompletionParams, prompts: list[list[int]]):
-        """The replica's event batches; those that queue up while we work arrive as one."""
+        """The replica's event batches for the request, converted to the engine's requests here
+        (once: the replica gets engine/types.py's GenerationRequests); those that queue up while
+        we work arrive as one."""
+        requests = to_requests(params, prompts)
         replica = self.replica
         if params.multiplex_id:  # to a replica holding the request's on-demand adapter
             replica = replica.options(multiplexed_model_id=params.multiplex_id)
         if self.shared:
             return channel.receive(channel.listener(),
-                                   lambda reply: replica.push.remote(params, prompts, reply),
+                                   lambda reply: replica.push.remote(requests, reply),
                                    concat_lists)
-        return coalesce(replica.generate.remote(params, prompts), concat_lists)
+        return coalesce(replica.generate.remote(requests), concat_lists)
 
     def _shape(self, params: CompletionParams, oai: OaiContext | None):
         if oai is None:
@@ -112,20 +116,21 @@ class ResponseShaper:
                 yield out
 
     async def stream(self, params: CompletionParams, prompts: list[list[int]],
-                     oai: OaiContext | None = None) -> AsyncIterator[bytes | tuple[int, bytes]]:
+                     oai: OaiContext | None = None) -> AsyncIterator[bytes | Refusal]:
         """SSE bytes, one chunk per batch of events. If the request fails before a slot took it,
-        the only item is (status, JSON error body): the reference then answers plain JSON. Once a
+        the only item is a Refusal: the reference then answers plain JSON. Once a
         sequence has started, errors are frames. The OpenAI formats end with ``data: [DONE]``."""
         shape = self._shape(params, oai)
         started = False
         frames = self._frames(shape, params, prompts)
         try:
             async for item in frames:
-                started = started or not isinstance(item, tuple)
+                started = started or not isinstance(item, Refusal)
                 yield item
         except Exception as exc:  # the replica died or failed mid-request
             err = from_failure(exc)
-            yield shape.encode_error(err.body()) if started else (err.code, dumps(err.body()))
+            body = err.body()
+            yield shape.encode_error(body) if started else Refusal(err.code, dumps(body))
         finally:
             await frames.aclose()  # a cancelled stream cancels its replica call at once
 
@@ -141,7 +146,7 @@ class ResponseShaper:
         return await channel.pump(self.stream(params, prompts, oai), channel.sender(), reply)
 
     async def _frames(self, shape, params: CompletionParams,
-                      prompts: list[list[int]]) -> AsyncIterator[bytes | tuple[int, bytes]]:
+                      prompts: list[list[int]]) -> AsyncIterator[bytes | Refusal]:
         started = ended = False
         events = self._events(params, prompts)
         try:
@@ -154,7 +159,7 @@ class ResponseShaper:
                 if error is not None:
                     ended = True  # the replica ends a request at its first error
                     if not started and not chunks:
-                        yield error.code, dumps(error.body())
+                        yield Refusal(error.code, dumps(error.body()))
                         return
                     chunks.append(shape.encode_error(error.body()))
                     yield b"".join(chunks)

@@ -15,12 +15,12 @@ import re
 import pytest
 
 from deployments.api.config import GraphArgs
+from deployments.api.engine_requests import to_requests
 from deployments.api.errors import ApiError
 from deployments.api.openai_requests import chat_body
 from deployments.api.shapes import OaiChatShape, OaiContext
 from deployments.api.tools.stream import ToolChatShape
 from deployments.serve.endpoint import ModelEndpoint
-from deployments.serve.replica import to_requests
 from deployments.serve.routes.native import prepare
 from engine.types import FinalEvent, TokenEvent
 from engine.vocab import load_vocab

@@ -251,6 +251,7 @@ def test_the_replica_pushes_many_requests_over_one_connection(base_url):
     from ray import serve
 
     from deployments.api.config import GraphArgs
+    from deployments.api.engine_requests import to_requests
     from deployments.serve.endpoint import ModelEndpoint
     from deployments.serve.routes.native import prepare
     from engine.types import FinalEvent, TokenEvent
@@ -275,9 +276,10 @@ def test_the_replica_pushes_many_requests_over_one_connection(base_url):
         listener = channel.Listener("127.0.0.1")
         prompts = [[[5 + i, 6, 7]] for i in range(12)]
         pushed = await asyncio.gather(*(tokens(channel.receive(
-            listener, lambda reply, p=p: replica.push.remote(params, p, reply), concat_lists))
+            listener, lambda reply, p=p: replica.push.remote(to_requests(params, p), reply),
+            concat_lists))
             for p in prompts))
-        direct = await asyncio.gather(*(tokens(streamed.generate.remote(params, p))
+        direct = await asyncio.gather(*(tokens(streamed.generate.remote(to_requests(params, p)))
                                         for p in prompts))
         return pushed, direct, listener.state()
 

@@ -102,11 +102,15 @@ def test_prefix_router_keys_by_token_ids():
     assert tokens_as_text([0, 317, 523]) == "\x00\u013d\u020b"
     extract = PrefixAffinityRouter._extract_text_from_request
 
+    from engine.types import GenerationRequest
+
     class Pending:
         def __init__(self, *args):
             self.args = list(args)
 
-    assert extract(None, Pending("params", [[0, 317], [0, 9]])) == tokens_as_text([0, 317])
+    requests = [GenerationRequest([0, 317]), GenerationRequest([0, 9])]
+    assert extract(None, Pending(requests)) == tokens_as_text([0, 317])
+    assert extract(None, Pending(requests, "reply")) == tokens_as_text([0, 317])  # push()
     assert extract(None, Pending()) is None  # ready(), model_info(): power of two choices
 
 

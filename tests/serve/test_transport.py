@@ -118,6 +118,7 @@ def test_a_call_over_4_mib_reaches_the_replica(base_url):
     """Serve caps a gRPC message at 4 MiB unless told otherwise (CLUSTER_ENV and the configs'
     runtime_env raise it): 2M prompt tokens (5 MiB pickled) get the engine's own answer, the
     context refusal, not RESOURCE_EXHAUSTED."""
+    from deployments.api.engine_requests import to_requests
     from deployments.serve.endpoint import ModelEndpoint
     from deployments.serve.routes.native import prepare
     from engine.vocab import load_vocab
@@ -128,8 +129,8 @@ def test_a_call_over_4_mib_reaches_the_replica(base_url):
     prompts = [[5 + (i + j) % 1000 for j in range(100_000)] for i in range(20)]
 
     async def first_batch():
-        async for batch in replica_handle("conformance", stream=True).generate.remote(params,
-                                                                                      prompts):
+        requests = to_requests(params, prompts)
+        async for batch in replica_handle("conformance", stream=True).generate.remote(requests):
             return batch
 
     (event,) = asyncio.run(first_batch())

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from ray.exceptions import RayError
 
-from deployments.api.errors import ApiError, RequestError, invalid
+from deployments.api.errors import ApiError, Refusal, RequestError, invalid
 from deployments.api.json_values import json_type
 from deployments.api.schema import CompletionParams, parse_completion, split_prompts
 from deployments.api.shapes import OaiContext
@@ -95,11 +95,10 @@ async def stream(model: ModelEndpoint, params: CompletionParams,
     except BaseException:  # the client left (or the shaper failed) before the first frame
         await close(chunks)
         raise
-    if isinstance(first, tuple):
+    if isinstance(first, Refusal):
         async for _ in chunks:  # nothing follows a refusal: the shaper's call just ends
             pass
-        status, payload = first
-        return Response(payload, status_code=status, media_type=JSON)
+        return Response(first.body, status_code=first.status, media_type=JSON)
     return StreamingResponse(
         _with_pings(first, chunks, params.sse_ping_interval),
         media_type="text/event-stream",
