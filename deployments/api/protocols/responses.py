@@ -64,6 +64,9 @@ def to_chat(body: Any) -> dict:
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and "effort" in reasoning:
         chat["reasoning_effort"] = reasoning["effort"]
+    text_format = _text_format(body.get("text"))
+    if text_format is not None and "response_format" not in body:
+        chat["response_format"] = text_format
     choice = chat.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         # the Responses API names the function flat; the chat route enforces the nested form
@@ -175,6 +178,21 @@ def _reasoning_text(item: dict) -> str:
     return content[0]["text"]
 
 
+def _text_format(text: Any) -> dict | None:
+    """``text.format`` as the chat route's ``response_format`` (OpenAI's Responses API; the
+    reference passes ``text`` on to the chat route, which ignores it): what the SDK's
+    ``responses.parse(text_format=...)`` sends."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {
+            k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    return None
+
+
 def _tools(tools: Any) -> list[dict]:
     """Function tools as chat tools (``strict`` defaults to true); other kinds have no chat
     equivalent and are skipped, as the reference skips them."""
@@ -216,8 +234,12 @@ def _in_progress(response_id: str, kind: str) -> dict:
                                        "status": "in_progress"}}
 
 
+TEXT_EVENTS = ("output_text.delta", "output_text.done", "reasoning_text.delta",
+               "reasoning_text.done")
+
+
 @dataclass
-class _Stream:
+class ResponseStream:
     """One streamed response: its ids, what was opened, the message so far."""
 
     id: str = field(default_factory=lambda: "resp_" + random_string())
@@ -227,14 +249,30 @@ class _Stream:
     reasoning_open: bool = False
     text_open: bool = False
     message: Message = field(default_factory=Message)
+    sequence: int = 0
+    indices: dict[str, int] = field(default_factory=dict)  # output item id -> output_index
+
+    def numbered(self, events: list[dict]) -> list[dict]:
+        """OpenAI's ``sequence_number``, ``output_index`` and ``content_index`` (the SDKs'
+        event accumulators need them; the reference sends none), after the reference's keys."""
+        for event in events:
+            item = event.get("item")
+            item_id = item.get("id") if isinstance(item, dict) else event.get("item_id")
+            if item_id is not None:
+                event["output_index"] = self.indices.setdefault(item_id, len(self.indices))
+            if "part" in event or event["type"].endswith(TEXT_EVENTS):
+                event["content_index"] = 0
+            event["sequence_number"] = self.sequence
+            self.sequence += 1
+        return events
 
 
 class ResponsesShape(ChatConversion):
     """``response`` objects and the Responses streaming events, from the chat shape's. Several
     choices (``n``) answer an array of responses, as the reference does."""
 
-    def new_stream(self) -> _Stream:
-        return _Stream()
+    def new_stream(self) -> ResponseStream:
+        return ResponseStream()
 
     def answer(self, chat_answer: dict, ev: FinalEvent) -> dict:
         message = message_of(chat_answer)
@@ -257,16 +295,16 @@ class ResponsesShape(ChatConversion):
         events = self._opening(stream) or [_in_progress(stream.id, "response.in_progress")]
         events[-1].update({k: v for k, v in progress_frame(ev).items()
                            if k in ("timings", "prompt_progress")})
-        return events
+        return stream.numbered(events)
 
-    def on_token(self, stream: _Stream, ev: TokenEvent, chunks: list[dict]) -> list[dict]:
+    def on_token(self, stream: ResponseStream, ev: TokenEvent, chunks: list[dict]) -> list[dict]:
         events = self._opening(stream) + self._deltas(stream, chunks)
         timings = timings_of(chunks)
         if events and timings is not None:
             events[-1]["timings"] = timings
-        return events
+        return stream.numbered(events)
 
-    def on_final(self, stream: _Stream, ev: FinalEvent, chunks: list[dict]) -> list[dict]:
+    def on_final(self, stream: ResponseStream, ev: FinalEvent, chunks: list[dict]) -> list[dict]:
         events = self._deltas(stream, chunks)
         message, output = stream.message, []
         if message.reasoning:
@@ -286,6 +324,7 @@ class ResponsesShape(ChatConversion):
         for call in message.tool_calls:
             output.append(_call_item(call))
             events.append({"type": "response.output_item.done", "item": output[-1]})
+        output.sort(key=lambda item: stream.indices.get(item["id"], len(stream.indices)))
         response = {"id": stream.id, "object": "response", "created_at": int(time.time()),
                     "status": "completed", "model": self.ctx.model, "output": output,
                     "usage": _usage(oai_usage(ev))}
@@ -293,16 +332,16 @@ class ResponsesShape(ChatConversion):
         timings = timings_of(chunks)
         if timings is not None:
             events[-1]["timings"] = timings
-        return events
+        return stream.numbered(events)
 
-    def _opening(self, stream: _Stream) -> list[dict]:
+    def _opening(self, stream: ResponseStream) -> list[dict]:
         if stream.created:
             return []
         stream.created = True
         return [_in_progress(stream.id, "response.created"),
                 _in_progress(stream.id, "response.in_progress")]
 
-    def _deltas(self, stream: _Stream, chunks: list[dict]) -> list[dict]:
+    def _deltas(self, stream: ResponseStream, chunks: list[dict]) -> list[dict]:
         events: list[dict] = []
         for diff in diffs(chunks):
             stream.message.add(diff)
