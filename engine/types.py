@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .sampler_fields import sampler_dataclass
+
 RANDOM_SEED = 0xFFFFFFFF
 
 DEFAULT_SAMPLERS = (
@@ -22,34 +24,17 @@ DEFAULT_SAMPLERS = (
 )
 
 
-@dataclass(slots=True)
-class SamplingParams:
-    """The sampler chain of one sequence, in llama.cpp's terms and defaults."""
+# the numeric sampler settings, one row each (engine/sampler_fields.py): SamplingParams' base
+SamplerSettings = sampler_dataclass("SamplerSettings")
+SamplerSettings.__module__ = __name__
 
-    temperature: float = 0.8
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    top_n_sigma: float = -1.0
-    typical_p: float = 1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
+
+@dataclass(slots=True)
+class SamplingParams(SamplerSettings):
+    """The sampler chain of one sequence, in llama.cpp's terms and defaults: the table's
+    settings (SamplerSettings), and these."""
+
     dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", '"', "*"])
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    adaptive_target: float = -1.0
-    adaptive_decay: float = 0.9
     min_keep: int = 0
     seed: int = RANDOM_SEED
     # (token id, bias); a bias of None bans the token (-inf).

@@ -11,15 +11,12 @@ from typing import Any
 
 from deployments.api.errors import ApiError
 from deployments.api.schema import CompletionParams, ParseContext, parse_completion
+from engine.sampler_fields import SAMPLER_FIELDS
 
-# the request fields the command's sampling options (deployments/cli/sampling.py) may default
-SAMPLING_KEYS = (
-    "top_k", "top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p",
-    "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty",
-    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-    "dry_sequence_breakers", "dynatemp_range", "dynatemp_exponent", "adaptive_target",
-    "adaptive_decay", "mirostat", "mirostat_tau", "mirostat_eta", "samplers", "ignore_eos",
-)
+# the request fields the command's sampling options (deployments/cli/sampling.py) may default:
+# the sampler table's rows that have an option, and the list-valued ones
+SAMPLING_KEYS = (*(f.name for f in SAMPLER_FIELDS if f.flags), "dry_sequence_breakers",
+                 "samplers", "ignore_eos")
 
 
 def server_defaults(sampling: dict[str, Any], temperature: float, seed: int, n_predict: int,

@@ -9,7 +9,6 @@ unknown keys are ignored, and every error reads ``Field '<name as sent>': <detai
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -33,7 +32,6 @@ from deployments.api.field_parsers import (
     tokens_of,
 )
 from deployments.api.json_values import (
-    FLT_MAX,
     INT32_MAX,
     INT64_MAX,
     UINT32_MAX,
@@ -45,6 +43,7 @@ from deployments.api.json_values import (
     to_str,
 )
 from engine.grammar_text import GrammarError, json_schema_grammar
+from engine.sampler_fields import SAMPLER_FIELDS, sampler_dataclass
 from engine.types import (
     DEFAULT_SAMPLERS,
     RANDOM_SEED,
@@ -82,9 +81,17 @@ class Field:
         return self.attr or self.name
 
 
+# the numeric sampler settings, one row each (engine/sampler_fields.py), floats as float32
+CompletionSamplers = sampler_dataclass(
+    "CompletionSamplers", lambda f: f32(f.default) if f.kind == "float" else f.default,
+    slots=False)
+CompletionSamplers.__module__ = __name__
+
+
 @dataclass
-class CompletionParams:
-    """Effective values of one native request after defaults, clamps and validation."""
+class CompletionParams(CompletionSamplers):
+    """Effective values of one native request after defaults, clamps and validation: the
+    sampler table's settings (CompletionSamplers), and these."""
 
     verbose: bool = False
     timings_per_token: bool = False
@@ -102,30 +109,7 @@ class CompletionParams:
     n_cache_reuse: int = 0
     t_max_predict_ms: int = -1
     response_fields: list[str] = field(default_factory=list)
-    top_k: int = 40
-    top_p: float = f32(0.95)
-    min_p: float = f32(0.05)
-    top_n_sigma: float = -1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = f32(0.1)
-    typical_p: float = 1.0
-    temperature: float = f32(0.8)
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
     dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", '"', "*"])
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = f32(0.1)
-    adaptive_target: float = -1.0
-    adaptive_decay: float = f32(0.9)
     seed: int = RANDOM_SEED
     n_probs: int = 0
     min_keep: int = 0
@@ -186,29 +170,8 @@ FIELDS: tuple[Field, ...] = (
                  "reuses the longest common prefix"),
     Field("t_max_predict_ms", "int64", hard=(-1, INT64_MAX)),
     Field("response_fields", "custom", parse=parse_response_fields),
-    Field("top_k", "int32", soft=(0, INT32_MAX)),
-    Field("top_p", "float", soft=(0.0, 1.0)),
-    Field("min_p", "float", soft=(0.0, 1.0)),
-    Field("top_n_sigma", "float"),
-    Field("xtc_probability", "float", soft=(0.0, 1.0)),
-    Field("xtc_threshold", "float", soft=(0.0, 1.0)),
-    Field("typical_p", "float"),
-    Field("temperature", "float", soft=(0.0, math.inf)),
-    Field("dynatemp_range", "float"),
-    Field("dynatemp_exponent", "float"),
-    Field("repeat_last_n", "int32", hard=(0, INT32_MAX)),
-    Field("repeat_penalty", "float"),
-    Field("frequency_penalty", "float"),
-    Field("presence_penalty", "float"),
-    Field("dry_multiplier", "float"),
-    Field("dry_base", "float"),
-    Field("dry_allowed_length", "int32", hard=(0, INT32_MAX)),
-    Field("dry_penalty_last_n", "int32", hard=(0, INT32_MAX)),
-    Field("mirostat", "int32", soft=(0, 2)),
-    Field("mirostat_tau", "float"),
-    Field("mirostat_eta", "float"),
-    Field("adaptive_target", "float", soft=(-FLT_MAX, 1.0)),
-    Field("adaptive_decay", "float", hard=(0.0, 0.99)),
+    # the sampler table's rows, in their schema order (engine/sampler_fields.py)
+    *(Field(f.name, f.kind, soft=f.soft, hard=f.hard) for f in SAMPLER_FIELDS),
     Field("seed", "uint32", soft=(0, UINT32_MAX)),
     Field("n_probs", "int32", aliases=("logprobs",)),
     Field("min_keep", "int32", hard=(0, INT32_MAX)),

@@ -11,6 +11,7 @@ from typing import Any
 
 from deployments.api.framing import Framing, dumps, sse  # noqa: F401 - dumps and sse are imported from here too
 from deployments.api.schema import CompletionParams
+from engine.sampler_fields import by_settings
 from engine.types import FinalEvent, ProgressEvent, Timings, TokenEvent, TokenProbs
 
 FLT_MAX = 3.4028234663852886e38
@@ -36,36 +37,11 @@ def timings_json(t: Timings) -> dict:
 
 def generation_settings(p: CompletionParams, only_metrics: bool = False) -> dict:
     """task_params::to_json: the effective settings, in the reference's key order."""
-    out: dict[str, Any] = {
-        "seed": p.seed,
-        "temperature": p.temperature,
-        "dynatemp_range": p.dynatemp_range,
-        "dynatemp_exponent": p.dynatemp_exponent,
-        "top_k": p.top_k,
-        "top_p": p.top_p,
-        "min_p": p.min_p,
-        "top_n_sigma": p.top_n_sigma,
-        "xtc_probability": p.xtc_probability,
-        "xtc_threshold": p.xtc_threshold,
-        "typical_p": p.typical_p,
-        "repeat_last_n": p.repeat_last_n,
-        "repeat_penalty": p.repeat_penalty,
-        "presence_penalty": p.presence_penalty,
-        "frequency_penalty": p.frequency_penalty,
-        "dry_multiplier": p.dry_multiplier,
-        "dry_base": p.dry_base,
-        "dry_allowed_length": p.dry_allowed_length,
-        "dry_penalty_last_n": p.dry_penalty_last_n,
-    }
+    before, after = by_settings()  # the sampler table's rows (engine/sampler_fields.py)
+    out: dict[str, Any] = {"seed": p.seed, **{f.name: getattr(p, f.name) for f in before}}
     if not only_metrics:
         out["dry_sequence_breakers"] = list(p.dry_sequence_breakers)
-    out.update({
-        "mirostat": p.mirostat,
-        "mirostat_tau": p.mirostat_tau,
-        "mirostat_eta": p.mirostat_eta,
-        "adaptive_target": p.adaptive_target,
-        "adaptive_decay": p.adaptive_decay,
-    })
+    out.update({f.name: getattr(p, f.name) for f in after})
     if not only_metrics:
         out["stop"] = list(p.stop)
     out.update({
