@@ -6,9 +6,10 @@ It has the real engine's slots, queue bound, groups, cancellation, stop strings 
 (llama.cpp's ``process_token`` rules: engine/text.py), timings and metrics, so routes,
 envelopes, shaping and SSE framing see what they see from the real one. Its tokens are
 deterministic: word tokens of the vocabulary picked from the prompt (and the seed, when a
-temperature samples), never an end of generation, one per sequence per step. What it cannot
-do (a grammar, LoRA adapters) it refuses in words, never ignores; what needs the model's
-state (embeddings, slot files) fails on its thread, as a bug would.
+temperature samples), never an end of generation, one per sequence per step: the sampling
+settings do not change them. What only a model does (a grammar, a reasoning budget, token
+probabilities, n_indent, a time limit, LoRA adapters) it refuses in words (501), never ignores;
+what needs the model's state (embeddings, slot files) fails on its thread, as a bug would.
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ class FakeEngine:
             raise EngineError(f"LoRA adapter '{missing}' is not loaded", 503, "unavailable_error")
         if (error := sampler_init_error(req.sampling)) is not None:
             raise EngineError(f"Failed to initialize samplers: {error}")
-        if req.grammar:
-            raise EngineError("the fake engine runs no grammar", 501, "not_supported_error")
+        unsupported = _unsupported(req)
+        if unsupported:
+            raise EngineError(f"the fake engine does not run {unsupported}", 501,
+                              "not_supported_error")
 
     def submit(self, requests: list[GenerationRequest], sink: Sink) -> int:
         if not self.alive:
@@ -317,6 +320,15 @@ class FakeEngine:
 
     def _free(self, slot: Slot) -> None:
         slot.last, slot.task = slot.task, None
+
+
+def _unsupported(req: GenerationRequest) -> str:
+    """What a request asks for that only a model can do; its sampling settings are not among
+    them: the fake's tokens do not depend on them, by design."""
+    asked = {"a grammar": bool(req.grammar), "a reasoning budget": req.reasoning_budget is not None,
+             "token probabilities": req.sampling.n_probs > 0, "n_indent": req.n_indent > 0,
+             "a time limit": req.t_max_predict_ms > 0}
+    return ", ".join(name for name, given in asked.items() if given)
 
 
 def _is_word(vocab: Vocab, token: int) -> bool:

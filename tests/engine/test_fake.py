@@ -76,8 +76,14 @@ def test_refusals_are_the_real_engines(fake):
     bad.sampling.repeat_penalty = 0
     with pytest.raises(EngineError, match="penalty_repeat must be finite"):
         fake.submit([bad], lambda events: None)
-    with pytest.raises(EngineError, match="runs no grammar"):  # refused, never ignored
+    with pytest.raises(EngineError, match="does not run a grammar"):  # refused, never ignored
         fake.submit([GenerationRequest([5], grammar='root ::= "a"')], lambda events: None)
+    probs = GenerationRequest([5])
+    probs.sampling.n_probs = 2
+    with pytest.raises(EngineError, match="does not run token probabilities"):
+        fake.submit([probs], lambda events: None)
+    with pytest.raises(EngineError, match="does not run n_indent, a time limit"):
+        fake.submit([GenerationRequest([5], n_indent=2, t_max_predict_ms=5)], lambda e: None)
 
 
 def test_a_cancelled_group_frees_its_slot(fake):
