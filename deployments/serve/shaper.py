@@ -1,5 +1,10 @@
 """The response shaper: turns the replica's engine events into llama-server's native objects, or
-the OpenAI ones, and SSE frames. It knows nothing of MLX; the replica knows nothing of JSON."""
+the OpenAI ones, and SSE frames. It knows nothing of MLX; the replica knows nothing of JSON.
+
+One entry point per transport: ``complete`` (HTTP, one JSON body), ``stream`` (HTTP, SSE bytes;
+``push_stream`` carries the same items on a shared channel), ``result`` and ``frames`` (a Python
+handle's dict and frame dicts). Each shapes through ``_shape`` and reads ``_events``, which
+converts the request to the engine's, once."""
 
 from __future__ import annotations
 
