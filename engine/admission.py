@@ -114,6 +114,8 @@ class Admission:
         hit = self.prefix_cache.lookup(prompt, key) if req.cache_prompt else Hit()
         cache, n_reused = hit.cache, hit.n_reused
         task.n_cache = n_reused
+        if hit.n_disk:
+            self.metrics.on_disk_hit(hit.n_disk)
         task.snapshots = self.snapshots.points(len(prompt), hit, req.n_predict, self.config.n_ctx)
         if req.stream:
             self._emit(task, StartEvent(req.index))

@@ -25,6 +25,7 @@ class LoadedModel:
     chat_template: str | None
     ftype: str = "all F32"
     device: mx.Device | None = None  # where it was loaded: the engine decodes there
+    adapter: str | None = None  # the folder fused into the weights at load
 
 
 def load_model(path: str, adapter: str | None = None, device: str = "auto",
@@ -39,6 +40,7 @@ def load_model(path: str, adapter: str | None = None, device: str = "auto",
         loaded = _load_gguf(path, device)
         if adapter is not None:
             _fuse(loaded.model, adapter)
+            loaded.adapter = adapter
         return loaded
     from mlx_lm import load
 
@@ -47,7 +49,9 @@ def load_model(path: str, adapter: str | None = None, device: str = "auto",
                                   return_config=True)
     if adapter is not None:
         _fuse(model, adapter)
-    return describe(model, wrapper, config, path, loaded_on)
+    loaded = describe(model, wrapper, config, path, loaded_on)
+    loaded.adapter = adapter
+    return loaded
 
 
 def describe(model: Any, wrapper: Any, config: dict, path: str,

@@ -8,15 +8,23 @@ prefix of its first n - 1 tokens, or an entry sharing a longer prefix trimmed ba
 cache can be trimmed. Caches that cannot be trimmed (sliding windows once full, state-space
 layers) are reused only from an entry that is an exact prefix: engine/cache_snapshots.py stores
 such entries inside the prompt as it is read.
+
+With a disk tier (engine/disk_cache.py), an entry leaving RAM (evicted, or past the whole byte
+budget) and a long entry as soon as it is stored are handed to it, and a lookup that finds less
+in RAM than the prompt could reuse asks it for the longest prefix on disk.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+if TYPE_CHECKING:
+    from .disk_cache import DiskCache
 
 _MODEL_KEY = "model"  # entries without adapters; others go under engine/lora.py's adapter_key
 _VALUE = "__value__"  # LRUPromptCache's trie: a node's entry, beside its children by token
@@ -31,16 +39,32 @@ class Hit:
     cache: list[Any] | None = None
     n_reused: int = 0
     n_shared: int = 0
+    n_disk: int = 0  # n_reused, when the cache was read from disk
 
 
 class PrefixCache:
     """At most ``max_entries`` entries and ``max_bytes`` bytes of KV arrays (None: no byte limit;
     0: the cache keeps nothing, llama-server's ``--cache-ram 0``)."""
 
-    def __init__(self, max_entries: int, max_bytes: int | None = None):
+    def __init__(self, max_entries: int, max_bytes: int | None = None,
+                 disk: DiskCache | None = None):
         self._max_bytes = max_bytes
         limit = {} if max_bytes is None else {"max_bytes": max_bytes}
         self._lru = LRUPromptCache(max_size=max(1, max_entries), **limit)
+        self.disk = disk
+        if disk is not None:
+            self._lru._lru.pop = self._evicting(self._lru._lru.pop)
+
+    def _evicting(self, pop: Callable[[], tuple]) -> Callable[[], tuple]:
+        """LRUPromptCache's eviction order, handing each entry it evicts to the disk tier (it
+        pops the order only to evict, and the entry is still in the trie then)."""
+
+        def evict() -> tuple:
+            key, tokens = pop()
+            self.disk.put(tokens, self._entry(tokens, key).prompt_cache, key)
+            return key, tokens
+
+        return evict
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -50,7 +74,17 @@ class PrefixCache:
         return self._lru.nbytes
 
     def lookup(self, tokens: list[int], key: str = _MODEL_KEY) -> Hit:
-        """The longest reusable prefix of ``tokens`` but its last token."""
+        """The longest reusable prefix of ``tokens`` but its last token, from RAM, else from
+        disk where it holds more."""
+        hit = self._lookup(tokens, key)
+        if self.disk is None or hit.n_reused >= len(tokens) - 1:
+            return hit
+        cache, n_disk, n_shared = self.disk.lookup(list(tokens[:-1]), key, hit.n_reused)
+        if cache is None:
+            return Hit(hit.cache, hit.n_reused, max(hit.n_shared, n_shared))
+        return Hit(cache, n_disk, max(hit.n_shared, n_shared), n_disk)
+
+    def _lookup(self, tokens: list[int], key: str) -> Hit:
         head = list(tokens[:-1])
         if not head:
             return Hit()
@@ -103,15 +137,23 @@ class PrefixCache:
                 stored.append(depth)
         for depth in stored:
             self.discard(tokens[:depth], key)
+        if self.disk is not None:
+            self.disk.discard_prefixes(list(tokens), key)
         return max(stored, default=0)
 
     def store(self, tokens: list[int], cache: list[Any], key: str = _MODEL_KEY) -> None:
         """Keep ``cache`` under ``tokens``, evicting the least recently used entries until the
         bounds hold; an entry larger than the whole byte budget is skipped, leaving the others
-        (as llama-server's prompt cache does)."""
-        if not tokens or (self._max_bytes is not None
-                          and sum(c.nbytes for c in cache) > self._max_bytes):
+        (as llama-server's prompt cache does: with a disk tier, it goes there)."""
+        if not tokens:
             return
+        disk = self.disk
+        if self._max_bytes is not None and sum(c.nbytes for c in cache) > self._max_bytes:
+            if disk is not None:
+                disk.put(list(tokens), cache, key)
+            return
+        if disk is not None and len(tokens) >= disk.eager_tokens:
+            disk.put(list(tokens), cache, key)
         self._lru.insert_cache(key, list(tokens), cache)
 
     def clear(self) -> None:

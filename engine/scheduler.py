@@ -27,6 +27,7 @@ from .cache_snapshots import Snapshots
 from .chain import infill_vocab
 from .checks import check_prompt, sampler_init_error
 from .device import WiredLimit, engine_stream, release_streams
+from .disk_cache import disk_cache
 from .grammar import GrammarCache, GrammarError
 from .kv_quant import KVLayout
 from .lora import AdapterSet
@@ -54,7 +55,8 @@ class Engine(Admission, Stepping, Retirement):
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
         self.kv = KVLayout(loaded.model, self.config.kv_cache_type)  # a quantized one: -ctk
         self.prefix_cache = PrefixCache(self.config.cache_entries or 2 * self.config.n_parallel,
-                                        cache_bytes(self.config.cache_ram_mib))
+                                        cache_bytes(self.config.cache_ram_mib),
+                                        disk_cache(loaded, self.config, self.kv))
         self.snapshots = Snapshots(loaded.model)
         self.adapters = AdapterSet(loaded.model)  # LoRA adapters, per sequence (engine/lora.py)
         self.grammars = GrammarCache(loaded.vocab.hf, self.vocab.n_vocab, self.vocab.eog_ids)
@@ -96,6 +98,8 @@ class Engine(Admission, Stepping, Retirement):
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("the engine loop did not stop within %.0f s", timeout)
+        if self.prefix_cache.disk is not None:
+            self.prefix_cache.disk.close()  # what the writer holds reaches the folder
 
     @property
     def alive(self) -> bool:

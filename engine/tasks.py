@@ -117,6 +117,12 @@ class EngineMetrics:
     bucket_prompt_seconds: float = 0.0
     bucket_predicted_tokens: int = 0
     bucket_predicted_seconds: float = 0.0
+    cache_disk_hits_total: int = 0  # prompts whose cache was read from the disk tier
+    prompt_tokens_cache_disk_total: int = 0  # the prompt tokens those read
+
+    def on_disk_hit(self, n_tokens: int) -> None:
+        self.cache_disk_hits_total += 1
+        self.prompt_tokens_cache_disk_total += n_tokens
 
     def on_decode(self, n_busy: int) -> None:
         self.n_decode_total += 1
@@ -140,7 +146,8 @@ class EngineMetrics:
             "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
             "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
             "n_busy_slots_total", "n_tokens_max", "bucket_prompt_tokens",
-            "bucket_prompt_seconds", "bucket_predicted_tokens", "bucket_predicted_seconds")}
+            "bucket_prompt_seconds", "bucket_predicted_tokens", "bucket_predicted_seconds",
+            "cache_disk_hits_total", "prompt_tokens_cache_disk_total")}
         out.update(n_processing=n_processing, n_deferred=n_deferred)
         if reset_bucket:
             self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0

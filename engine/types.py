@@ -247,6 +247,8 @@ class EngineConfig:
     cache_ram_mib: int = 8192  # the prefix cache's KV bytes, in MiB (--cache-ram); -1: no limit
     max_queue: int = 256  # waiting groups before new requests are refused
     kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
+    cache_disk: str | None = None  # the prompt cache's disk tier: a folder (--cache-disk)
+    cache_disk_mib: int = 16384  # its bound in MiB (--cache-disk-mib); -1: no limit
 
 
 # llama.cpp's KV cache types (-ctk/-ctv) mlxray takes: the quantized ones with their bits (MLX's

@@ -103,6 +103,17 @@ class GraphArgs(BaseModel):
         ENGINE.cache_ram_mib, ge=-1,
         description="the prefix cache's KV arrays in MiB (-cram, --cache-ram): least recently "
                     "used entries are evicted past it; -1 no limit, 0 no prefix cache")
+    cache_disk: str | None = Field(
+        ENGINE.cache_disk,
+        description="a folder for the prompt cache's disk tier (--cache-disk): entries leaving "
+                    "RAM, and long prompts' as soon as they are made, are kept there, keyed "
+                    "by their tokens and by the model, adapter, KV-cache type and mlxray "
+                    "version; a prompt that misses RAM loads its longest prefix found there; "
+                    "a restarted server and every replica of the node share it")
+    cache_disk_mib: int = Field(
+        ENGINE.cache_disk_mib, ge=-1,
+        description="the disk tier's bound in MiB (--cache-disk-mib): least recently used "
+                    "files are removed past it; -1 no limit")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
         description="streams: after the first token, gather tokens for this long per item, "
@@ -220,6 +231,9 @@ class GraphArgs(BaseModel):
         if self.config_overrides:
             raise ValueError("shards: config_overrides (--rope-*, --yarn-*) are not supported "
                              "on a sharded replica")
+        if self.cache_disk:
+            raise ValueError("shards: cache_disk (--cache-disk) is not supported on a sharded "
+                             "replica (each rank holds its own part of every KV cache)")
 
     def adapter_specs(self) -> tuple[AdapterSpec, ...]:
         """The ``adapters`` entries, each with its name, path, scale and kind."""

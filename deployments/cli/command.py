@@ -47,6 +47,7 @@ from deployments.cli import (
 from deployments.cli import (
     url as cli_url,
 )
+from deployments.cli.kv import add_arguments as kv_arguments
 from deployments.cli.kv import kv_fields, kv_options
 from deployments.cli.launch import GRPC_MESSAGE_ENV, cluster_env_defaults, run
 from deployments.cli.refused import (  # noqa: F401 - the command's table
@@ -187,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
     for opt in HONORED:
         _add(groups[help_group(opt.dest)], opt)
     cli_shards.add_arguments(p)
+    kv_arguments(p)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
     p.add_argument("--serve-proxy", action="store_true",

@@ -1,5 +1,7 @@
 """llama-server's ``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v``: the KV cache's type; and
-``-cram/--cache-ram``: the prefix cache's budget in MiB of KV arrays (engine/prefix_cache.py).
+``-cram/--cache-ram``: the prefix cache's budget in MiB of KV arrays (engine/prefix_cache.py);
+and mlxray's own ``--cache-disk DIR`` and ``--cache-disk-mib N``: its disk tier
+(engine/disk_cache.py).
 
 ``q8_0`` and ``q4_0`` hold the cache quantized, 8 or 4 bits per value in groups of 32, batched
 (engine/kv_quant.py); ``f32``, ``f16`` and ``bf16`` are the unquantized cache, which MLX keeps in
@@ -38,6 +40,17 @@ def kv_options(option: type) -> tuple:
     )
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """mlxray's own options (no llama-server counterpart)."""
+    p.add_argument("--cache-disk", metavar="DIR", default=None,
+                   help="keep the prompt cache's entries leaving RAM (and long prompts' as soon "
+                        "as they are made) in this folder, for a restarted server and the "
+                        "node's other replicas")
+    p.add_argument("--cache-disk-mib", metavar="N", type=int, default=None,
+                   help="the --cache-disk folder's bound in MiB (default: 16384, -1 - no "
+                        "limit); least recently used files are removed past it")
+
+
 def kv_fields(ns: argparse.Namespace) -> dict[str, Any]:
     """GraphArgs' ``kv_cache_type``, when either flag names one other than the default, and
     ``cache_ram_mib`` when -cram is given (any negative is llama-server's no limit)."""
@@ -48,4 +61,8 @@ def kv_fields(ns: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = {} if k == DEFAULT else {"kv_cache_type": k}
     if ns.cache_ram is not None:
         fields["cache_ram_mib"] = max(-1, ns.cache_ram)
+    if ns.cache_disk is not None:
+        fields["cache_disk"] = ns.cache_disk
+    if ns.cache_disk_mib is not None:
+        fields["cache_disk_mib"] = max(-1, ns.cache_disk_mib)
     return fields
