@@ -34,6 +34,8 @@ import yaml
 from deployments.serve import direct_ingress
 
 GRACE_S = 15.0  # for Serve to shut down on a joined cluster
+# SIGHUP: a closed terminal; SIGQUIT: Ctrl-\\ — both stop as SIGTERM does
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 STOP_GRACE_S = 3.0  # between SIGTERM and SIGKILL, for a local cluster's processes
 SAMPLE_S = 2.0  # how often the command's processes are sampled
 WATCH_S = 2.0  # how often the applications' status is read once they run
@@ -52,8 +54,8 @@ class Signals:
         self.stop.set()
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self)
-        signal.signal(signal.SIGINT, self)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self)
 
 
 class OwnProcesses:

@@ -57,7 +57,12 @@ def local_path(url: str, dest: str | None, environ: dict[str, str]) -> Path:
     name = unquote(urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1])
     if not name or name in (".", ".."):
         raise ValueError(f"--model-url {url}: the URL names no file")
-    return (cache_dir(environ) / name).resolve()
+    cache = cache_dir(environ).resolve()
+    path = (cache / name).resolve()
+    # a percent-encoded separator (..%2F..%2F) decodes into a path that leaves the cache
+    if "/" in name or "\\" in name or path.parent != cache:
+        raise ValueError(f"--model-url {url}: the URL's file name leaves the cache folder")
+    return path
 
 
 def model(url: str, dest: str | None, download: bool, environ: dict[str, str]) -> str:

@@ -7,6 +7,7 @@ of llama-server's router mode do; one that names none goes to the first model. W
 model, ``model`` is ignored, as llama-server ignores it outside router mode.
 """
 
+import hmac
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -146,12 +147,21 @@ class IngressBase:
             return
         auth = request.headers.get("authorization", "")
         given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        if given not in keys:
+        if not _known(given, keys):
             raise ApiError("Invalid API Key", "authentication_error", middleware=True)
 
     async def guard(self, request: Request) -> None:
         await self.check_ready()
         self.check_key(request)
+
+
+def _known(given: str | None, keys: list[str]) -> bool:
+    """Constant-time against each key (every key compared, so the time tells nothing)."""
+    given_b = (given or "").encode()
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(given_b, key.encode())
+    return found and bool(given)
 
 
 def api_keys(args: GraphArgs) -> list[str]:

@@ -408,3 +408,15 @@ def test_model_url_downloads_once_into_llama_cache(gguf_server, tmp_path, monkey
     with pytest.raises(ValueError, match="expected an http"):
         model("-mu", "ftp://example.com/model.gguf")
     assert cli_url.cache_dir({}) == Path.home() / ".cache" / "mlxray"
+
+
+@pytest.mark.parametrize("tail", ["..%2F..%2F..%2Ftmp%2Fx.gguf", "..%2Fx.gguf",
+                                  "a%2F..%2F..%2Fx.gguf", "..%5Cx.gguf", "%2E%2E"])
+def test_model_url_refuses_a_file_name_that_leaves_the_cache(tmp_path, tail):
+    """A percent-encoded separator decodes after the split: refused before anything is fetched
+    (download=True: a fetch would fail on the unreachable host, with another message)."""
+    env = {"LLAMA_CACHE": str(tmp_path / "cache")}
+    with pytest.raises(ValueError, match="leaves the cache folder|names no file"):
+        cli_url.model(f"http://127.0.0.1:9/m/{tail}", None, True, env)
+    assert cli_url.local_path("http://h/m/x%20y.gguf", None, env) == \
+        (tmp_path / "cache" / "x y.gguf").resolve()

@@ -147,3 +147,22 @@ def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, ta
     finally:
         launched.kill_all()
         launched.close()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"])
+def test_every_stop_signal_asks_for_a_stop_then_for_it_at_once(sig):
+    """SIGHUP (a closed terminal) and SIGQUIT stop the launcher as SIGTERM does: the handler the
+    launcher installs, signalled in this process (the full command runs above for SIGTERM)."""
+    from deployments.cli.launch import Signals
+
+    number = getattr(signal, sig)
+    before = signal.getsignal(number)
+    signals = Signals()
+    try:
+        signals.install()
+        os.kill(os.getpid(), number)
+        assert signals.stop.wait(5) and not signals.hurry.is_set()
+        os.kill(os.getpid(), number)
+        assert signals.hurry.wait(5)
+    finally:
+        signal.signal(number, before)

@@ -43,3 +43,14 @@ def test_the_context_limit_is_the_engines_envelope(client):
     r = client.post("/completion", json={"prompt": "x " * 200})
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "exceed_context_size_error"
+
+
+def test_the_key_check_is_constant_time_and_exact():
+    """hmac.compare_digest against every key: a prefix, a longer string or no key is refused."""
+    from deployments.serve.endpoint import _known
+
+    keys = ["alpha", "beta-key"]
+    assert _known("alpha", keys) and _known("beta-key", keys)
+    for given in ("alph", "alphaa", "beta", "", None, "ALPHA"):
+        assert not _known(given, keys), given
+    assert not _known("", [""]) and not _known(None, keys)
