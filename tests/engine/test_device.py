@@ -52,18 +52,23 @@ def test_the_stream_is_made_on_the_chosen_device_not_the_default(loaded, monkeyp
 
     def stream_on(device: mx.Device) -> mx.Stream:
         asked.append(device)
-        return mx.new_stream(mx.cpu)  # the only device this machine has
+        return mx.new_stream(mx.cpu)  # a device every machine has
 
     monkeypatch.setattr(scheduler, "engine_stream", stream_on)
+    before = mx.default_device()
+    mx.set_default_device(mx.cpu)  # on a GPU machine too: the premise is a CPU default
     gpu = mx.Device(mx.gpu)
-    engine = Engine(loaded, EngineConfig(n_parallel=1, n_ctx=256, n_batch=16))
-    engine.loaded = type(loaded)(**{**loaded.__dict__, "device": gpu})
-    engine.start()
     try:
-        run_engine(engine, greedy(engine, 1))
+        engine = Engine(loaded, EngineConfig(n_parallel=1, n_ctx=256, n_batch=16))
+        engine.loaded = type(loaded)(**{**loaded.__dict__, "device": gpu})
+        engine.start()
+        try:
+            run_engine(engine, greedy(engine, 1))
+        finally:
+            engine.stop()
+        assert asked == [gpu] and gpu != mx.default_device()
     finally:
-        engine.stop()
-    assert asked == [gpu] and gpu != mx.default_device()
+        mx.set_default_device(before)
 
 
 class FakeMetal:

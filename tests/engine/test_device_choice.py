@@ -45,10 +45,41 @@ def test_a_gpu_that_is_not_there_is_refused_saying_so(spec, backends, message):
         resolve(spec, backends)
 
 
-def test_this_machine_has_no_gpu_and_auto_runs_on_the_cpu():
-    """CI's MLX is the CPU backend (the Makefile's default on Linux)."""
-    assert device.installed() == CPU_ONLY
-    assert device.check("auto").kind == "cpu"
+HERE = device.installed()
+NEEDS_GPU = pytest.mark.skipif(HERE.gpu is None, reason="this MLX has no GPU backend "
+                               "(Metal or CUDA): the check runs where one is installed")
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """This process's MLX as a CPU-only install, whatever the machine has."""
+    monkeypatch.setattr(device, "installed", lambda: CPU_ONLY)
+
+
+@pytest.mark.parametrize("backends", [METAL, CUDA, CPU_ONLY], ids=["metal", "cuda", "cpu"])
+def test_check_resolves_on_what_mlx_reports(monkeypatch, backends):
+    monkeypatch.setattr(device, "installed", lambda: backends)
+    assert device.check("auto").kind == ("cpu" if backends.gpu is None else "gpu")
+    assert device.check("cpu").kind == "cpu"
+
+
+def test_this_machines_backends_are_well_formed():
+    """What this MLX reports, whatever it is: auto takes its GPU when it has one."""
+    assert HERE.gpu in (None, "Metal", "CUDA")
+    assert device.check("auto").kind == ("cpu" if HERE.gpu is None else "gpu")
+    if HERE.gpu is not None:
+        assert HERE.n_gpus >= 1 and len(HERE.gpu_names) == HERE.n_gpus
+
+
+@NEEDS_GPU
+def test_the_gpu_here_is_chosen_and_made_the_default():
+    import mlx.core as mx
+
+    before = mx.default_device()
+    try:
+        assert device.choose("gpu") == mx.Device(mx.gpu, 0) == mx.default_device()
+    finally:
+        mx.set_default_device(before)
 
 
 def test_the_graph_key_takes_auto_gpu_and_cpu_only():
@@ -77,7 +108,7 @@ def test_dev_names_that_are_no_device_are_refused(value, message):
         device.from_flag(value)
 
 
-def test_dev_on_the_command_line(capsys):
+def test_dev_on_the_command_line(capsys, cpu_only):
     """-dev none and LLAMA_ARG_DEVICE reach the config; a GPU this machine's MLX cannot run
     on stops the command before anything starts, with llama-server's wording first."""
     config = cli.serve_config(cli.parse(["-m", str(REFERENCE_GGUF), "-dev", "none"], {}))
@@ -91,7 +122,7 @@ def test_dev_on_the_command_line(capsys):
     assert "one device per model" in capsys.readouterr().err
 
 
-def test_a_replica_asked_for_a_missing_gpu_fails_at_start():
+def test_a_replica_asked_for_a_missing_gpu_fails_at_start(cpu_only):
     """The replica checks the device in its constructor, so Serve reports the deployment
     failed with this message rather than a replica that never becomes ready."""
     from deployments.serve.replica import ModelReplica
