@@ -211,6 +211,9 @@ def _init_ray(signals: Signals, attempts: int = 3) -> None:
     address = os.environ.get("RAY_ADDRESS") or "local"
     # a cluster of its own advertises this machine's MLX device (configs/cluster.yaml asks for it)
     devices = {"resources": {"mlx_device": 1}} if address == "local" else {}
+    if address == "local":  # its own cluster: on loopback, no dashboard unless asked (#28)
+        devices |= {"_node_ip_address": os.environ.get("MLXRAY_NODE_IP", "127.0.0.1"),
+                    "include_dashboard": os.environ.get("MLXRAY_DASHBOARD") == "1"}
     for attempt in range(attempts):
         try:
             ray.init(address=address, namespace=SERVE_NAMESPACE, **devices)
