@@ -166,3 +166,24 @@ def test_every_stop_signal_asks_for_a_stop_then_for_it_at_once(sig):
         assert signals.hurry.wait(5)
     finally:
         signal.signal(number, before)
+
+
+def test_its_own_cluster_is_asked_for_loopback_and_no_dashboard(monkeypatch):
+    """What the launcher asks Ray for when it starts a cluster of its own (issue #28; what Ray
+    still binds on every interface is in docs/deploy.md): joining RAY_ADDRESS asks nothing."""
+    import ray
+
+    from deployments.cli import launch
+
+    asked: list[dict] = []
+    monkeypatch.setattr(ray, "init", lambda **kw: asked.append(kw))
+    monkeypatch.setattr(launch.Signals, "install", lambda self: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("MLXRAY_NODE_IP", raising=False)
+    monkeypatch.delenv("MLXRAY_DASHBOARD", raising=False)
+    launch._init_ray(launch.Signals())
+    assert asked[-1]["_node_ip_address"] == "127.0.0.1"
+    assert asked[-1]["include_dashboard"] is False
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    launch._init_ray(launch.Signals())
+    assert "_node_ip_address" not in asked[-1] and "include_dashboard" not in asked[-1]
