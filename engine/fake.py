@@ -15,15 +15,13 @@ what needs the model's state (embeddings, slot files) fails on its thread, as a 
 from __future__ import annotations
 
 import itertools
-import queue
-import threading
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import check_prompt, sampler_init_error
+from .engine_thread import EngineThread
 from .tasks import EngineMetrics, Group, Sink, Slot, Task, units
 from .text import TextState
 from .types import (
@@ -68,7 +66,9 @@ def fake_engine(path: str, config: EngineConfig, step_s: float = 0.0) -> FakeEng
     return FakeEngine(FakeModel(path, chat_template=template), vocab, config, step_s)
 
 
-class FakeEngine:
+class FakeEngine(EngineThread):
+    THREAD_NAME = "mlxray-fake-engine"
+
     def __init__(self, loaded: FakeModel, vocab: Vocab, config: EngineConfig,
                  step_s: float = 0.0):
         self.loaded, self.vocab, self.config = loaded, vocab, config
@@ -79,28 +79,12 @@ class FakeEngine:
         self.error: BaseException | None = None
         self.n_cancelled = 0
         self._words = [t for t in range(vocab.n_vocab) if _is_word(vocab, t)]
-        self._inbox: queue.Queue = queue.Queue()
+        self._init_thread()
         self._waiting: list[list[Task]] = []
         self._group_ids, self._task_ids = itertools.count(1), itertools.count(0)
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
         self._n_submitted = self._n_dequeued = 0  # admission units in, and out of the queue
 
     # ---- engine/seam.py's EngineLike ---------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mlxray-fake-engine", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
-
     def validate(self, req: GenerationRequest) -> None:
         check_prompt(req.prompt_tokens, self.vocab.n_vocab, self.config.n_ctx)
         missing = self.adapters.check(req.adapters)
@@ -128,9 +112,6 @@ class FakeEngine:
         self._n_submitted += len(units(group.tasks))
         self._inbox.put(("submit", group))
         return group.id
-
-    def cancel(self, group_id: int) -> None:
-        self._inbox.put(("cancel", group_id))
 
     @property
     def n_active(self) -> int:
@@ -162,27 +143,6 @@ class FakeEngine:
     def metrics_snapshot(self, reset_bucket: bool = True) -> dict:
         return self.metrics.snapshot(self.n_active, self.n_deferred, reset_bucket)
 
-    def run_on_loop(self, fn: Callable[[Any], object], timeout: float = 60.0) -> object:
-        """``fn(self)`` on the engine's thread (what needs a model's state fails there)."""
-        if not self.alive:
-            raise EngineError("the engine is not running", 503, "unavailable_error")
-        done, box = threading.Event(), {}
-
-        def call() -> None:
-            try:
-                box["value"] = fn(self)
-            except BaseException as exc:  # handed back to the caller's thread
-                box["error"] = exc
-            finally:
-                done.set()
-
-        self._inbox.put(("call", call))
-        if not done.wait(timeout):
-            raise EngineError("the engine did not answer in time", 503, "unavailable_error")
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
-
     def debug_state(self) -> dict:
         return {"alive": self.alive, "n_active": self.n_active, "n_waiting": self.n_waiting,
                 "n_sequences": self.n_active,
@@ -191,14 +151,11 @@ class FakeEngine:
                 "n_decode_total": self.metrics.n_decode_total, "n_cancelled": self.n_cancelled,
                 "n_submitted": self._n_submitted}
 
-    def inject_fault(self, exc: BaseException) -> None:
-        self._inbox.put(("raise", exc))
-
     # ---- the engine's thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                self._drain(block=self.n_active == 0 and not self._waiting)
+                self._drain_inbox(block=self.n_active == 0 and not self._waiting)
                 self._admit()
                 if self.n_active:
                     self._step()
@@ -208,23 +165,6 @@ class FakeEngine:
                 if slot.task is not None:
                     slot.task.group.sink([EngineError(f"engine loop died: {exc}", 500,
                                                       "server_error").to_event(slot.task.req.index)])
-
-    def _drain(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-            while item is not None:
-                kind, value = item
-                if kind == "submit":
-                    self._waiting.extend(units(value.tasks))
-                elif kind == "cancel":
-                    self._cancel(value)
-                elif kind == "call":
-                    value()
-                elif kind == "raise":
-                    raise value
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            pass
 
     def _cancel(self, group_id: int) -> None:
         found = False

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
-import threading
 from collections import deque
-from collections.abc import Callable
 from functools import lru_cache
 
 import mlx.core as mx
@@ -28,6 +25,7 @@ from .chain import infill_vocab
 from .checks import check_prompt, sampler_init_error
 from .device import WiredLimit, engine_stream, release_streams
 from .disk_cache import disk_cache
+from .engine_thread import EngineThread
 from .grammar import GrammarCache, GrammarError
 from .kv_quant import KVLayout
 from .lora import AdapterSet
@@ -47,7 +45,7 @@ log = logging.getLogger("mlxray.engine")
 __all__ = ["Engine", "EngineConfig", "Slot", "check_prompt"]
 
 
-class Engine(Admission, Stepping, Retirement):
+class Engine(Admission, Stepping, Retirement, EngineThread):
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
         self.loaded = loaded
         self.vocab = loaded.vocab
@@ -60,13 +58,11 @@ class Engine(Admission, Stepping, Retirement):
         self.snapshots = Snapshots(loaded.model)
         self.adapters = AdapterSet(loaded.model)  # LoRA adapters, per sequence (engine/lora.py)
         self.grammars = GrammarCache(loaded.vocab.hf, self.vocab.n_vocab, self.vocab.eog_ids)
-        self._inbox: queue.Queue = queue.Queue()
+        self._init_thread()
         # admission units in arrival order: one prompt with its n_cmpl children, admitted at once
         self._waiting: deque[list[Task]] = deque()
         self._by_uid: dict[int, Task] = {}
         self._group_ids = itertools.count(1)
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
         self._bg: BatchGenerator | None = None
         self._stream: mx.Stream | None = None  # on the model's device, made by the loop's thread
         self._wired = WiredLimit()
@@ -86,24 +82,11 @@ class Engine(Admission, Stepping, Retirement):
         tokenize = lambda text: self.vocab.tokenize(text, False, False)  # noqa: E731
         return dry_breakers(self.vocab.special_pieces, tokenize, list(breakers))
 
-    # ---- public, thread-safe -------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mlxray-engine", daemon=True)
-        self._thread.start()
-
+    # ---- public, thread-safe (start, cancel, run_on_loop, inject_fault: engine_thread.py) -----
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("the engine loop did not stop within %.0f s", timeout)
+        super().stop(timeout)
         if self.prefix_cache.disk is not None:
             self.prefix_cache.disk.close()  # what the writer holds reaches the folder
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
 
     def validate(self, req: GenerationRequest) -> None:
         check_prompt(req.prompt_tokens, self.vocab.n_vocab, self.config.n_ctx)
@@ -155,9 +138,6 @@ class Engine(Admission, Stepping, Retirement):
         self._inbox.put(("submit", group))
         return group.id
 
-    def cancel(self, group_id: int) -> None:
-        self._inbox.put(("cancel", group_id))
-
     def slot_states(self) -> list[dict]:
         """A snapshot for /slots (read without locks: plain Python values only). ``task`` is the
         running task, else the last one the slot ran (None if it never ran one)."""
@@ -188,28 +168,6 @@ class Engine(Admission, Stepping, Retirement):
         """Totals since start, the bucket since the last snapshot, and the slots' load now."""
         return self.metrics.snapshot(self.n_active, self.n_deferred, reset_bucket)
 
-    def run_on_loop(self, fn: Callable[[Engine], object], timeout: float = 60.0) -> object:
-        """Run ``fn(engine)`` on the scheduler thread (it owns every MLX array); wait for it."""
-        if not self.alive:
-            raise EngineError("the engine is not running", 503, "unavailable_error")
-        done = threading.Event()
-        box: dict[str, object] = {}
-
-        def call() -> None:
-            try:
-                box["value"] = fn(self)
-            except BaseException as exc:  # handed back to the caller's thread
-                box["error"] = exc
-            finally:
-                done.set()
-
-        self._inbox.put(("call", call))
-        if not done.wait(timeout):
-            raise EngineError("the engine did not answer in time", 503, "unavailable_error")
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box.get("value")
-
     @property
     def n_active(self) -> int:
         return sum(1 for s in self.slots if s.task is not None)
@@ -218,11 +176,6 @@ class Engine(Admission, Stepping, Retirement):
     def n_waiting(self) -> int:
         """Prompts (admission units) submitted that hold no slot yet: inbox or waiting queue."""
         return self._n_submitted - self._n_dequeued
-
-    def inject_fault(self, exc: BaseException) -> None:
-        """Fault injection: the scheduler thread raises ``exc`` between steps, so the loop dies
-        as it would on a crash (the fault tests use it; nothing routes it to HTTP)."""
-        self._inbox.put(("raise", exc))
 
     def debug_state(self) -> dict:
         """What the reliability tests assert on: nothing held after every request is gone."""
@@ -275,29 +228,6 @@ class Engine(Admission, Stepping, Retirement):
     def _new_batch_generator(self) -> BatchGenerator:
         return new_batch_generator(self.loaded.model, self.adapters.rows, self.config,
                                    self._stream)
-
-    def _drain_inbox(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while item is not None:
-            self._apply(*item)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                item = None
-
-    def _apply(self, kind: str, value) -> None:
-        """One inbox item, on the scheduler thread (engine/lockstep.py forwards some to ranks)."""
-        if kind == "submit":
-            self._waiting.extend(units(value.tasks))
-        elif kind == "cancel":
-            self._cancel(value)
-        elif kind == "call":
-            value()
-        elif kind == "raise":
-            raise value
 
     def _cancel(self, group_id: int) -> None:
         found = False
