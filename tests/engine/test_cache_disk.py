@@ -118,6 +118,19 @@ def test_a_foreign_models_file_is_never_loaded(tmp_path, zoo):
     assert theirs.exists()  # another setup's file: left alone, counted against the bound
 
 
+def test_a_file_renamed_to_another_prompt_is_removed_unread(tmp_path):
+    with disk_engine(tmp_path) as engine:
+        complete(engine)
+    (path,) = files(tmp_path)
+    other = "# another file\n" + PROMPT
+    with disk_engine(tmp_path, eager=10_000) as engine:
+        prompt = engine.vocab.tokenize(other, add_special=True)
+        renamed = tmp_path / engine.prefix_cache.disk.names.name(prompt[:-1], "model")
+        path.rename(renamed)  # this setup's file, under the name another prompt would have
+        assert complete(engine, other).timings.cache_n == 0
+    assert not renamed.exists()
+
+
 def test_the_folder_stays_within_its_bound(tmp_path):
     with disk_engine(tmp_path) as engine:
         complete(engine)
