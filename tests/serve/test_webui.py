@@ -254,14 +254,16 @@ def test_stop_frees_the_slot_and_the_status_view_shows_it(browser, webui_base, s
     assert 0 < len(partial) and set(partial) <= set("abcdefghijklmnopqrstuvwxyz ")
 
     by_id(driver, "tab-status").click()
-    from selenium.webdriver.common.by import By
 
-    def slot_states():
-        return [s.get_attribute("data-state")
-                for s in driver.find_elements(By.CSS_SELECTOR, ".model-card .slot")]
+    def slot_states():  # read in one script: the view re-renders its cards on every poll
+        return driver.execute_script(
+            "return [...document.querySelectorAll('.model-card .slot')]"
+            ".map(s => s.getAttribute('data-state'))")
 
     wait_for(lambda: slot_states() == ["idle", "idle"], what="two idle slots in the view")
-    card = driver.find_element(By.CSS_SELECTOR, ".model-card")
-    assert card.get_attribute("data-model") == "tiny-python"
-    assert "1 replica reporting" in card.text and "2 slots each" in card.text
+    model, text = driver.execute_script(
+        "const c = document.querySelector('.model-card');"
+        "return [c.getAttribute('data-model'), c.innerText]")
+    assert model == "tiny-python"
+    assert "1 replica reporting" in text and "2 slots each" in text
     driver.save_screenshot(str(shots / "webui-status.png"))
