@@ -1,14 +1,16 @@
 """The engine's mlx-lm ``BatchGenerator``, built here, and every mlx-lm internal the engine
 touches, in this one module (pyproject.toml's pin names it: they change between mlx-lm minor
 versions): the prompt and generation batches that bind each sequence's LoRA rows around the
-model's calls (engine/lora.py's RowTable), the generator's wired-limit bookkeeping, and its
-prompt queue, read to size each prefill wave (engine/prefill_waves.py)."""
+model's calls (engine/lora.py's RowTable), the generator's wired-limit bookkeeping, its
+prompt queue, read to size each prefill wave (engine/prefill_waves.py), and ``BatchKVCache``'s
+write index and right padding for engine/kv_quant.py's quantized batch cache."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
+from mlx_lm.models.cache import BatchKVCache
 
 from .lora import RowTable
 from .prefill_waves import wave_size
@@ -93,3 +95,24 @@ class AdaptedBatchGenerator(BatchGenerator):
         self._prompt_batch = _PromptBatch.empty(adapted, self.sampler,
                                                 prefill_step_size=self.prefill_step_size)
         self._generation_batch = _GenerationBatch.empty(adapted, self.sampler)
+
+
+class OpenBatchKVCache(BatchKVCache):
+    """mlx-lm's ``BatchKVCache`` with its private write index and right padding under public
+    names, for a subclass that re-implements its methods (engine/kv_quant.py's quantized one)."""
+
+    @property
+    def write_index(self) -> int:
+        return self._idx
+
+    @write_index.setter
+    def write_index(self, value: int) -> None:
+        self._idx = value
+
+    @property
+    def right_padding(self) -> mx.array | None:
+        return self._right_padding
+
+    @right_padding.setter
+    def right_padding(self, value: mx.array | None) -> None:
+        self._right_padding = value

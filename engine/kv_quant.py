@@ -23,13 +23,13 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import (
-    BatchKVCache,
     KVCache,
     QuantizedKVCache,
     dynamic_roll,
     make_prompt_cache,
 )
 
+from .batching import OpenBatchKVCache
 from .types import CACHE_TYPES, QUANTIZED_TYPES
 
 GROUP_SIZE = 32  # llama.cpp's q8_0 / q4_0 block
@@ -81,7 +81,7 @@ class QuantizedSequenceCache(QuantizedKVCache):
         raise TypeError(f"a {type(cache).__name__} cannot be held as a quantized KV cache")
 
 
-class QuantizedBatchKVCache(BatchKVCache):
+class QuantizedBatchKVCache(OpenBatchKVCache):
     """mlx-lm's ``BatchKVCache`` with keys and values quantized (see the module's text)."""
 
     def __init__(self, left_padding: list[int], bits: int, group_size: int = GROUP_SIZE):
@@ -90,15 +90,15 @@ class QuantizedBatchKVCache(BatchKVCache):
         self.group_size = group_size
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        prev, n_new = self._idx, keys.shape[2]
+        prev, n_new = self.write_index, keys.shape[2]
         if self.keys is None or prev + n_new > self.keys[0].shape[2]:
             self._grow(keys, values, n_new)
         self.offset = self.offset + n_new
-        self._idx += n_new
+        self.write_index += n_new
         for held, new in ((self.keys, self._quantize(keys)),
                           (self.values, self._quantize(values))):
             for part, fresh in zip(held, new):
-                part[..., prev: self._idx, :] = fresh
+                part[..., prev: self.write_index, :] = fresh
         return self.keys_and_values()
 
     def _grow(self, keys: mx.array, values: mx.array, n_new: int) -> None:
@@ -116,7 +116,7 @@ class QuantizedBatchKVCache(BatchKVCache):
         if self.keys is None:
             self.keys, self.values = new_k, new_v
             return
-        held = self._idx
+        held = self.write_index
         self.keys, self.values = (
             tuple(mx.concatenate([old[..., :held, :], add], axis=2) for old, add in zip(o, n))
             for o, n in ((self.keys, new_k), (self.values, new_v)))
@@ -125,17 +125,17 @@ class QuantizedBatchKVCache(BatchKVCache):
         return tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits))
 
     def keys_and_values(self) -> tuple[Triple, Triple]:
-        idx = self._idx
+        idx = self.write_index
         return tuple(tuple(p[..., :idx, :] for p in t) for t in (self.keys, self.values))
 
     def finalize(self) -> None:
-        if self._right_padding is not None:
-            shift = self._right_padding[:, None]
+        if self.right_padding is not None:
+            shift = self.right_padding[:, None]
             self.keys, self.values = tree_map(lambda x: dynamic_roll(x, shift, axis=2),
                                               (self.keys, self.values))
-            self.offset = self.offset - self._right_padding
-            self.left_padding += self._right_padding
-            self._right_padding = None
+            self.offset = self.offset - self.right_padding
+            self.left_padding += self.right_padding
+            self.right_padding = None
 
     def filter(self, batch_indices: list[int]) -> None:
         if self.keys is not None:
@@ -148,7 +148,7 @@ class QuantizedBatchKVCache(BatchKVCache):
             if self.keys is not None:
                 self.keys, self.values = tree_map(lambda x: x[..., min_left_pad:, :],
                                                   (self.keys, self.values))
-            self._idx -= min_left_pad
+            self.write_index -= min_left_pad
             self.left_padding -= min_left_pad
 
     def extend(self, other: QuantizedBatchKVCache) -> None:
@@ -156,7 +156,7 @@ class QuantizedBatchKVCache(BatchKVCache):
             self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
             self.offset = mx.concatenate([self.offset, other.offset])
             return
-        max_idx = max(self._idx, other._idx)
+        max_idx = max(self.write_index, other.write_index)
         sizes = [c.keys[0].shape[2] for c in (self, other) if c.keys is not None]
         template = self if self.keys is not None else other
         max_size = max(sizes)
@@ -168,7 +168,7 @@ class QuantizedBatchKVCache(BatchKVCache):
                                 (template.keys, template.values))
             else:
                 k, v = c.keys, c.values
-            left = max_idx - c._idx
+            left = max_idx - c.write_index
             right = max_size - k[0].shape[2] - left
             k, v = tree_map(lambda x: _pad_time(x, left, right), (k, v))
             return k, v, c.offset, c.left_padding + left
@@ -178,15 +178,15 @@ class QuantizedBatchKVCache(BatchKVCache):
         self.values = tuple(mx.concatenate([a, b]) for a, b in zip(v1, v2))
         self.offset = mx.concatenate([o1, o2])
         self.left_padding = mx.concatenate([l1, l2])
-        self._idx = max_idx
+        self.write_index = max_idx
 
     def extract(self, idx: int) -> QuantizedSequenceCache:
         cache = QuantizedSequenceCache(self.bits, self.group_size)
         padding = self.left_padding.tolist()[idx]
         cache.keys, cache.values = tree_map(
-            lambda x: mx.contiguous(x[idx: idx + 1, :, padding: self._idx]),
+            lambda x: mx.contiguous(x[idx: idx + 1, :, padding: self.write_index]),
             (self.keys, self.values))
-        cache.offset = self._idx - padding
+        cache.offset = self.write_index - padding
         return cache
 
     @classmethod
@@ -205,16 +205,16 @@ class QuantizedBatchKVCache(BatchKVCache):
                 _stack_rows([t[i] if t else None for t in held], padding, lengths)
                 for i in range(3)))
         cache.offset += max_length
-        cache._idx = max_length
+        cache.write_index = max_length
         return cache
 
     @property
     def state(self) -> tuple:
-        return self.keys, self.values, self.offset, self.left_padding, self._idx
+        return self.keys, self.values, self.offset, self.left_padding, self.write_index
 
     @state.setter
     def state(self, v: tuple) -> None:
-        self.keys, self.values, self.offset, self.left_padding, self._idx = v
+        self.keys, self.values, self.offset, self.left_padding, self.write_index = v
 
     @property
     def nbytes(self) -> int:

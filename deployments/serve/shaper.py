@@ -8,7 +8,7 @@ converts the request to the engine's, once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ray import serve
@@ -105,17 +105,11 @@ class ResponseShaper:
         async for batch in self._events(params, prompts):
             out: list[dict] = []
             try:
-                for ev in batch:
-                    if isinstance(ev, TokenEvent):
-                        out += shape.token(ev)
-                    elif isinstance(ev, ProgressEvent):
-                        out += shape.progress(ev)
-                    elif isinstance(ev, FinalEvent):
-                        out += shape.final(ev, stream=True)
-                    elif isinstance(ev, ErrorEvent):
-                        raise _error(ev)
-            except ApiError as err:  # the replica's error, or output the chat parser refuses
-                yield [*out, err.body()]
+                error = self._shape_batch(shape, params, batch, out, encode=None)
+            except ApiError as err:  # output the chat format's parser refuses
+                error = err
+            if error is not None:
+                yield [*out, error.body()]
                 return
             if out:
                 yield out
@@ -158,7 +152,7 @@ class ResponseShaper:
             async for batch in events:
                 chunks: list[bytes] = []
                 try:
-                    error = self._shape_batch(shape, params, batch, chunks)
+                    error = self._shape_batch(shape, params, batch, chunks, shape.encode)
                 except ApiError as err:  # output the chat format's parser refuses: no [DONE]
                     error = err
                 if error is not None:
@@ -180,20 +174,25 @@ class ResponseShaper:
             yield shape.done
 
     @staticmethod
-    def _shape_batch(shape, params: CompletionParams, batch: list,
-                     chunks: list[bytes]) -> ApiError | None:
-        """One batch of events as SSE chunks (appended); the error that ends the stream."""
+    def _shape_batch(shape, params: CompletionParams, batch: list, out: list,
+                     encode: Callable[[dict], bytes] | None) -> ApiError | None:
+        """One batch of events as frames appended to ``out``: SSE chunks with ``encode``, the
+        frame dicts without it (and without the start markers). Returns the error that ends the
+        stream."""
         for ev in batch:
+            frames: list[dict] = []
             if isinstance(ev, StartEvent):
-                chunks.append(start_marker(ev.index, params))
+                if encode is not None:
+                    out.append(start_marker(ev.index, params))
             elif isinstance(ev, TokenEvent):
-                chunks += [shape.encode(f) for f in shape.token(ev)]
+                frames = shape.token(ev)
             elif isinstance(ev, ProgressEvent):
-                chunks += [shape.encode(f) for f in shape.progress(ev)]
+                frames = shape.progress(ev)
             elif isinstance(ev, FinalEvent):
-                chunks += [shape.encode(f) for f in shape.final(ev, stream=True)]
+                frames = shape.final(ev, stream=True)
             elif isinstance(ev, ErrorEvent):
                 return _error(ev)
+            out += frames if encode is None else [encode(f) for f in frames]
         return None
 
 

@@ -1,13 +1,12 @@
 """The compat manifest bound to the running code: its routes to the ingress's FastAPI app, its
-fields to the request schema and to what the real route answers, its command-line options to the
-``mlxray`` command's parser, mlxray's own additions to the code that provides them;
+fields to the request schema and to what the real route answers (its command-line options:
+tests/compat/test_compat_options.py), mlxray's own additions to the code that provides them;
 the rendered docs up to date (``compat.check`` failing on each kind of broken entry:
 tests/compat/test_compat_check.py)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable
 
 import httpx
@@ -19,25 +18,19 @@ from compat.manifest import (
     MANIFEST,
     REFERENCE_KINDS,
     canonical_text,
-    entries,
     load_pin,
     load_shard,
 )
 from deployments.api.schema import FIELDS, SPECULATIVE_KEYS, Field
-from deployments.cli import command as cli
 
-ENTRIES = entries()
-BY_ID = {e["id"]: e for e in ENTRIES}
+from .bound import BY_ID, ENTRIES, params, parser_flags, spellings
+
 THIS = "tests/compat/test_compat.py::"
 GREEDY = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0, "cache_prompt": False,
           "return_tokens": True}
 # a concrete request path for each templated reference path
 CONCRETE = {"${api-prefix}/": "/", "${AIP_HEALTH_ROUTE}": "/aip/health",
             "${AIP_PREDICT_ROUTE:-/predict}": "/predict", "/slots/:id_slot": "/slots/0"}
-
-
-def params(select: Callable[[dict], bool]) -> list:
-    return [pytest.param(e, id=e["id"]) for e in ENTRIES if select(e)]
 
 
 def checked_by(name: str) -> Callable[[dict], bool]:
@@ -302,96 +295,6 @@ def test_sse_ping_after_silence():
     assert asyncio.run(body({"sse_ping_interval": 1})) == [frames[0], b":\n\n", frames[1]]
     assert asyncio.run(body({})) == frames
     assert asyncio.run(body({"sse_ping_interval": -1})) == frames
-
-
-# ---- options: the mlxray command's parser -------------------------------------------------
-HONORED = {opt.dest: opt for opt in cli.HONORED}
-
-
-def spellings(entry: dict) -> list[str]:
-    return entry["facts"]["flags"] + entry["facts"].get("negative", [])
-
-
-def option_argv(entry: dict, flag: str) -> list[str]:
-    """The flag as a command line gives it: with the entry's example value when it takes one."""
-    facts = entry["facts"]
-    return [flag, facts.get("example", "x")] if facts.get("value") else [flag]
-
-
-@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
-                                         e["state"] != "not_applicable"))
-def test_claimed_option_is_the_parsers(entry):
-    """An accepted option is one of the parser's, with exactly the reference's spellings and
-    variable; every spelling it honors parses, and so does its variable, to the same value."""
-    opt = HONORED[entry["claim"]]
-    facts = entry["facts"]
-    assert (list(opt.flags), list(opt.negative), opt.env) == (
-        facts["flags"], facts.get("negative", []), facts.get("env"))
-    assert bool(opt.kind) == bool(facts.get("value"))
-    unset = getattr(cli.parse([], {}), opt.dest)
-    honored = [True, False] if opt.only is None else [opt.only]
-    for value in honored:
-        expected = opt.kind(facts["example"]) if opt.kind else value
-        for flag in opt.spellings(value):
-            parsed = getattr(cli.parse(option_argv(entry, flag), {}), opt.dest)
-            assert parsed == expected, flag
-            if opt.only is None:  # an honored value reaches the config, not the default
-                assert parsed != unset, flag
-        if opt.env:
-            raw = facts["example"] if opt.kind else str(int(value))
-            assert getattr(cli.parse([], {opt.env: raw}), opt.dest) == expected
-        if opt.kind:
-            break
-
-
-@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
-                                         e["state"] != "not_applicable" and
-                                         HONORED[e["claim"]].only is not None))
-def test_one_way_option_refuses_the_other_way(entry):
-    opt = HONORED[entry["claim"]]
-    for flag in opt.spellings(not opt.only):
-        with pytest.raises(cli.Refused, match=f"does not honor {flag}: {opt.reason}"):
-            cli.parse([flag], {})
-
-
-@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and (
-    "claim" not in e or e["state"] == "not_applicable")))
-def test_refused_option_names_itself(entry):
-    """Nothing is accepted and ignored: each spelling and the variable of an option mlxray does
-    not honor stop the command at start, naming it with its reason (for not_applicable, the
-    manifest's diagnostic; a deferred one keeps the command's own reason until its issue)."""
-    env = entry["facts"].get("env")
-    given = [(option_argv(entry, flag), {}, flag) for flag in spellings(entry)]
-    given += [([], {env: "1"}, env)] if env else []
-    for argv, environ, name in given:
-        with pytest.raises(cli.Refused) as refused:
-            cli.parse(argv, environ)
-        first, *reasons = str(refused.value).splitlines()
-        assert first.startswith(f"mlxray does not honor these llama-server options: {name} ")
-        reason = reasons[0].removeprefix(f"  {name}: ")
-        assert reason
-        if entry["state"] == "not_applicable":
-            assert reason == entry["claim"]
-
-
-def test_every_option_the_command_knows_has_its_entry():
-    """Both ways: each option the parser honors or refuses is one entry, spelled alike."""
-    options = [e for e in ENTRIES if e["kind"] == "option"]
-    claimed = [e["claim"] for e in options if e.get("claim") in HONORED]
-    assert sorted(claimed) == sorted(HONORED)
-    refused = [(frozenset(spellings(e)), e["facts"].get("env")) for e in options
-               if e.get("claim") not in HONORED]
-    assert Counter(refused) == Counter((frozenset(u.flags), u.env) for u in cli.REFUSED)
-    # and every flag the parser takes is a reference option's spelling or an addition's
-    known = {f for e in options for f in spellings(e)}
-    known |= {e["claim"] for e in ENTRIES if e["kind"] == "addition" and e.get("claim")
-              and e["facts"]["surface"] == "option"}
-    assert parser_flags() - known == set()
-
-
-def parser_flags() -> set[str]:
-    return {f for action in cli.parser()._actions for f in action.option_strings} - {
-        "-h", "--help"}
 
 
 # ---- additions: mlxray's own, bound to the code that provides them ----------------------------

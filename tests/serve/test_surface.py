@@ -1,6 +1,5 @@
 """The rest of llama-server's surface through the real graph: /props, /models, /slots (state and
-save/restore/erase), /metrics, the API key, CORS, 503 while loading, and the routes mlxray does not
-serve."""
+save/restore/erase), /metrics, the API key, CORS, and the routes mlxray does not serve."""
 
 from __future__ import annotations
 
@@ -183,17 +182,6 @@ def test_slot_save_restore_erase(locked, client):
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
-@pytest.mark.parametrize("name", ["ok.bin", "slot-0_save", "a b"])
-def test_valid_filenames(name):
-    assert info.valid_filename(name)
-
-
-@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "a\\b", ".hidden", "x:y",
-                                  "nul\x00", "a" * 256])
-def test_invalid_filenames(name):
-    assert not info.valid_filename(name)
-
-
 # ---- metrics -------------------------------------------------------------------------------
 def scrape(client) -> dict[str, float]:
     r = client.get("/metrics")
@@ -305,39 +293,6 @@ def test_cors_and_options(locked, client):
     assert r.headers["access-control-allow-origin"] == "http://app"
 
 
-class _LoadingReplica:
-    class _Ready:
-        async def remote(self):
-            return False
-
-    ready = _Ready()
-
-
-def ingress_over(replica, ready: bool, args=None):
-    """An ingress of one model on a stand-in replica, without Ray."""
-    from deployments.serve.endpoint import IngressBase, ModelEndpoint
-
-    model = object.__new__(ModelEndpoint)
-    model.replica, model._ready, model.args = replica, ready, args
-    ingress = object.__new__(IngressBase)
-    ingress.models, ingress.by_name, ingress.args = [model], {}, args
-    ingress.api_keys = []
-    return ingress
-
-
-@pytest.mark.parametrize("handler", [info.props, info.models, info.slots, info.metrics,
-                                     unsupported.not_supported])
-def test_loading_is_503_on_every_route(handler):
-    from deployments.api.errors import ApiError
-
-    ingress = ingress_over(_LoadingReplica(), ready=False)
-    with pytest.raises(ApiError) as err:
-        asyncio.run(handler(ingress, None))
-    assert err.value.code == 503
-    assert err.value.body() == {"error": {"message": "Loading model",
-                                          "type": "unavailable_error", "code": 503}}
-
-
 # ---- routes mlxray does not serve ----------------------------------------------------------
 UNSERVED = [("GET" if p == "/v1/stream" else "POST", p) for p in sorted(unsupported.NOT_SUPPORTED)]
 OTHER_METHODS = [("DELETE", "/v1/stream")]
@@ -403,29 +358,3 @@ def test_openai_embeddings_with_the_sdk(locked):
     floats = struct.unpack("<128f", base64.b64decode(packed["data"][0]["embedding"]))
     assert all(abs(a - b) < 1e-6 for a, b in zip(floats, out.data[0].embedding))
     assert list(packed) == ["model", "object", "usage", "data"]
-
-
-class _BusyReplica:
-    """Every slot processing: what /slots?fail_on_no_slot=1 refuses."""
-
-    class _States:
-        async def remote(self):
-            return [{"id": i, "n_ctx": 2048, "is_processing": True, "task": None}
-                    for i in range(2)]
-
-    slot_states = _States()
-
-
-def test_fail_on_no_slot_is_503_when_all_slots_are_busy():
-    from types import SimpleNamespace
-
-    from deployments.api.errors import ApiError
-
-    ingress = ingress_over(_BusyReplica(), True, SimpleNamespace(slots=True, api_key=None))
-    request = SimpleNamespace(query_params={"fail_on_no_slot": "1"},
-                              url=SimpleNamespace(path="/slots"), method="GET", headers={})
-    with pytest.raises(ApiError) as err:
-        asyncio.run(info.slots(ingress, request))
-    assert (err.value.code, err.value.message) == (503, "no slot available")
-    request.query_params = {}
-    assert asyncio.run(info.slots(ingress, request)).status_code == 200
