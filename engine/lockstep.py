@@ -29,7 +29,6 @@ turn's inputs keeps that protocol to three kinds of message.
 
 from __future__ import annotations
 
-import pickle
 import time
 from dataclasses import replace
 from typing import Any
@@ -41,8 +40,12 @@ from .model import LoadedModel
 from .scheduler import Engine
 from .tasks import EngineConfig, Group, Task, units
 from .text import TextState
+from .types import GenerationRequest, GrammarTrigger, ReasoningBudget, SamplingParams
+from .wire import Codec
 
 STOP = ("stop", None)
+# a turn on the wire: plain data and the request's dataclasses, never pickle (engine/wire.py)
+TURNS = Codec((GenerationRequest, SamplingParams, GrammarTrigger, ReasoningBudget))
 
 
 class Broadcast:
@@ -80,7 +83,7 @@ class LeaderEngine(Engine):
         if self._stopping.is_set():
             self._turn.append(STOP)
         self._turn_time = time.perf_counter()
-        self._broadcast(pickle.dumps((self._turn_time, self._turn)))
+        self._broadcast(TURNS.dumps((self._turn_time, self._turn)))
 
     def _clock(self) -> float:
         return self._turn_time
@@ -105,7 +108,7 @@ class FollowerEngine(Engine):
         return self._turn_time
 
     def _drain_inbox(self, block: bool) -> None:
-        self._turn_time, turn = pickle.loads(self._broadcast())
+        self._turn_time, turn = TURNS.loads(self._broadcast())
         if self._stopping.is_set():  # stop() asked here: leave with the leader's next turn
             return
         for kind, value in turn:

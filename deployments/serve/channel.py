@@ -11,9 +11,11 @@ an ingress for the shaper's SSE chunks) listens; the sending one connects on its
 to it and sends everything that is ready in one loop iteration as one frame, whichever requests
 it belongs to.
 
-A frame is an 8-byte length and a pickle of ``[(request id, item), ...]``. A connection opens
-with the listener's secret, which the request's Ray call carries to the sender; the connection
-itself is plain TCP, so with Ray's TLS on the items stay on Ray Serve's streams (``shared``).
+A frame is an 8-byte length and ``[(request id, item), ...]`` in msgpack (engine/wire.py: plain
+data and the engine's event dataclasses, so decoding a frame cannot run code, whoever sent it; a
+frame that is not one closes its connection). A connection opens with the listener's secret,
+which the request's Ray call carries to the sender; the connection itself is plain TCP, so with
+Ray's TLS on the items stay on Ray Serve's streams (``shared``).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ import hmac
 import itertools
 import logging
 import os
-import pickle
 import secrets
 import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from deployments.api.errors import Refusal
+from engine import types as engine_types
+from engine.wire import Codec, WireError
 
 log = logging.getLogger("mlxray.channel")
 
@@ -37,6 +42,10 @@ TOKEN_BYTES = 16
 SEND_BUFFER_BYTES = 4 << 20  # past this much unsent data, a sender waits for the socket
 LATE_ITEMS_S = 30.0  # after a call returned, its items are on the wire: this is a lost channel
 CONNECT_S = 5.0  # to open a connection, or to present its secret
+# what the graph's channels carry: the replica's event batches, the shaper's SSE bytes or Refusal
+ITEMS = Codec((engine_types.StartEvent, engine_types.ProgressEvent, engine_types.TokenEvent,
+               engine_types.FinalEvent, engine_types.ErrorEvent, engine_types.Timings,
+               engine_types.TokenProb, engine_types.TokenProbs, Refusal))
 
 
 class ChannelLost(ConnectionError):
@@ -81,7 +90,8 @@ _LOST = object()
 class Listener:
     """The receiving end in one process: a TCP server and an inbox per request in flight."""
 
-    def __init__(self, host: str | None = None) -> None:
+    def __init__(self, host: str | None = None, codec: Codec = ITEMS) -> None:
+        self._codec = codec
         self._inboxes: dict[int, asyncio.Queue] = {}
         self._connection_of: dict[int, int] = {}  # request id -> the connection it arrived on
         self._ids = itertools.count(1)
@@ -130,9 +140,12 @@ class Listener:
             self.connections += 1
             while True:
                 (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-                self._deliver(pickle.loads(await reader.readexactly(size)), connection)
+                self._deliver(self._codec.loads(await reader.readexactly(size)), connection)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             pass  # the sender went away: its requests in flight hear it below
+        except WireError as exc:  # not a frame of ours: the connection is dropped, unread
+            log.warning("a channel connection sent a frame that is not one and was closed: %s",
+                        exc)
         except asyncio.CancelledError:  # the loop is closing; on 3.11 asyncio's stream
             pass  # callback would log a cancelled connection task as an error
         finally:
@@ -141,7 +154,10 @@ class Listener:
                 if on == connection and request_id in self._inboxes:
                     self._inboxes[request_id].put_nowait(_LOST)
 
-    def _deliver(self, frame: list[tuple[int, Any]], connection: int) -> None:
+    def _deliver(self, frame: Any, connection: int) -> None:
+        if not (isinstance(frame, list) and all(isinstance(e, tuple) and len(e) == 2
+                                                and type(e[0]) is int for e in frame)):
+            raise WireError("a frame is a list of (request id, item)")
         self.frames += 1
         self.items += len(frame)
         for request_id, item in frame:
@@ -246,7 +262,9 @@ async def _ready(inbox: asyncio.Queue, late: bool) -> list[Any]:
 class _Link:
     """One connection to a listener; what is sent in one loop iteration leaves as one frame."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 codec: Codec):
+        self.codec = codec
         self.writer = writer
         self.pending: list[tuple[int, Any]] = []
         self.broken = False
@@ -279,17 +297,16 @@ class _Link:
         if self.broken or not frame:
             return
         try:
-            data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - one request's item: the others still go
-            data = pickle.dumps([e for e in frame if self._picklable(e)],
-                                protocol=pickle.HIGHEST_PROTOCOL)
+            data = self.codec.dumps(frame)
+        except WireError:  # one request's item: the others still go
+            data = self.codec.dumps([e for e in frame if self._packable(e)])
         self.writer.write(HEADER.pack(len(data)) + data)
 
-    def _picklable(self, entry: tuple[int, Any]) -> bool:
+    def _packable(self, entry: tuple[int, Any]) -> bool:
         try:
-            pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - kept for the request's sender to raise
-            log.exception("a stream item could not be pickled")
+            self.codec.dumps(entry)
+        except WireError as exc:  # kept for the request's sender to raise
+            log.exception("a stream item could not be packed")
             self.unsendable[entry[0]] = exc
             return False
         return True
@@ -302,7 +319,8 @@ class _Link:
 class Sender:
     """The sending end in one process: a link per listener, opened on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, codec: Codec = ITEMS) -> None:
+        self._codec = codec
         self._links: dict[tuple[str, int, bytes], asyncio.Future] = {}
 
     async def link(self, reply: ReplyTo) -> _Link:
@@ -311,7 +329,7 @@ class Sender:
         if opening is None or _failed(opening):
             # links to listeners gone (a replaced replica's) are dropped as a new one opens
             self._links = {k: f for k, f in self._links.items() if not _failed(f)}
-            opening = self._links[key] = asyncio.ensure_future(_connect(reply))
+            opening = self._links[key] = asyncio.ensure_future(_connect(reply, self._codec))
         return await asyncio.shield(opening)
 
 
@@ -320,7 +338,7 @@ def _failed(opening: asyncio.Future) -> bool:
                                or opening.result().broken)
 
 
-async def _connect(reply: ReplyTo) -> _Link:
+async def _connect(reply: ReplyTo, codec: Codec) -> _Link:
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(reply.host, reply.port), CONNECT_S)
@@ -330,7 +348,7 @@ async def _connect(reply: ReplyTo) -> _Link:
             "nodes that only open Ray's own ports to each other need stream_channel: "
             "per_request") from None
     writer.write(reply.token)
-    return _Link(reader, writer)
+    return _Link(reader, writer, codec)
 
 
 async def pump(items: AsyncIterator[Any], sender: Sender, reply: ReplyTo) -> int:

@@ -118,13 +118,56 @@ def test_a_connection_without_the_secret_delivers_nothing():
                                    reply.request_id)
         reader, writer = await asyncio.open_connection(reply.host, reply.port)
         writer.write(stranger.token)
-        data = channel.pickle.dumps([(reply.request_id, ["forged"])])
+        data = channel.ITEMS.dumps([(reply.request_id, ["forged"])])
         writer.write(channel.HEADER.pack(len(data)) + data)
         closed = await asyncio.wait_for(reader.read(), 5)  # the listener hangs up
         writer.close()
         return closed, inbox.empty(), listener.state()["connections"]
 
     assert run(scenario()) == (b"", True, 0)
+
+
+class Planted:
+    """What a pickle frame would run on decode: unpickling it calls ``Planted.run``."""
+
+    ran: list = []
+
+    @staticmethod
+    def run(*args) -> list:
+        Planted.ran.append(args)
+        return ["planted"]
+
+    def __reduce__(self):
+        return Planted.run, ("executed",)
+
+
+def test_a_frame_that_is_a_pickle_is_refused_unexecuted():
+    """With the right secret, a frame that is a pickle (whose decoding would call a function)
+    runs nothing and delivers nothing: the connection is closed, the requests on it fail as a
+    lost channel, and the listener serves the next connection."""
+    import pickle
+
+    async def scenario():
+        listener, sender = channel.Listener("127.0.0.1"), channel.Sender()
+        await listener.start()
+        reply, inbox = listener.open()
+        reader, writer = await asyncio.open_connection(reply.host, reply.port)
+        writer.write(reply.token)
+        for payload in ([(reply.request_id, [1])], [(reply.request_id, Planted())]):
+            data = pickle.dumps(payload)
+            writer.write(channel.HEADER.pack(len(data)) + data)
+        closed = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        listener.close(reply.request_id)
+        after = channel.receive(
+            listener, lambda reply: Call(channel.pump(numbers(3, 2), sender, reply)),
+            concat_lists)
+        return closed, inbox.empty(), await collect(after)
+
+    Planted.ran.clear()
+    closed, nothing_delivered, after = run(scenario())
+    assert Planted.ran == [] and closed == b"" and nothing_delivered
+    assert after == [(2, 0), (2, 1), (2, 2)]
 
 
 def test_a_broken_connection_fails_its_requests_and_the_sender_reconnects():
@@ -194,7 +237,7 @@ def test_an_item_that_cannot_travel_fails_its_request_alone():
         return await asyncio.gather(collect(bad), collect(good), return_exceptions=True)
 
     bad, good = run(scenario())
-    assert isinstance(bad, Exception) and "pickle" in repr(bad).lower()
+    assert isinstance(bad, Exception) and "not plain data" in repr(bad)
     assert good == [(1, i) for i in range(20)]
 
 
