@@ -7,7 +7,8 @@ aliased: the name it maps to and a test, no divergence; not_applicable: notes, t
 its claim and a test; by_design: a divergence, a rationale and a test; deferred: an open issue, no
 claim; an addition is supported or deferred and diverges from nothing), unique ids, the counts of
 pin.json, that every ``test`` pointer names an existing test function (test files are parsed,
-never imported) and that every shard is in canonical form.
+never imported), that a supported or aliased option's test passes the option (compat/proofs.py)
+and that every shard is in canonical form.
 ``--fix`` rewrites the shards canonically (sorted entries, one per line) before checking.
 """
 
@@ -43,6 +44,7 @@ from .manifest import (
     load_shard,
     shard_paths,
 )
+from .proofs import option_proof_problem
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
@@ -197,6 +199,10 @@ def state_problems(entry: dict, open_issues: list[int]) -> list[str]:
         problem = pointer_problem(entry["test"])
         if problem:
             problems.append(problem)
+        if entry.get("kind") == "option" and state in ("supported", "aliased") and not problem:
+            problem = option_proof_problem(entry, ROOT)
+            if problem:
+                problems.append(problem)
         weak = WEAK_PROOFS.get(entry["test"].split("[", 1)[0])
         if weak and state in ("supported", "aliased"):
             problems.append(f"{entry['test']} proves {weak}: name a capture replay or a test "

@@ -119,6 +119,12 @@ INVOCATIONS = [
     ("-m {m} --temperature 0.3 --typical-p 0.5 --top-nsigma 1.5 --xtc-probability 0.5",
      {"args": {"temperature": 0.3, "sampling": {"typical_p": 0.5, "top_n_sigma": 1.5,
                                                 "xtc_probability": 0.5}}}),
+    # dynamic temperature, XTC's threshold and the adaptive-p sampler's target and decay
+    ("-m {m} --dynatemp-range 0.5 --dynatemp-exp 1.5 --xtc-threshold 0.2 --adaptive-target 0.3 "
+     "--adaptive-decay 0.5",
+     {"args": {"sampling": {"dynatemp_range": 0.5, "dynatemp_exponent": 1.5,
+                            "xtc_threshold": 0.2, "adaptive_target": 0.3,
+                            "adaptive_decay": 0.5}}}),
     # a custom UI: the folder's files at / instead of the built-in page
     ("-m {m} --path {p}", {"args": {"static_path": STATIC}}),
 ]

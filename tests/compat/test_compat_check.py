@@ -109,6 +109,10 @@ BREAKS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
                                                      "id must be 'option:--context'"]),
     "option_not_a_flag": (lambda f: _edit(f, "option:--slots", lambda e: e["facts"].update(
         negative=["no-slots"])), ["option:--slots", "'no-slots' is not a flag"]),
+    "option_test_never_passes_it": (lambda f: _edit(
+        f, "option:--adaptive-decay", lambda e: e.update(
+        test="tests/cli/test_cli.py::test_llama_server_defaults")),
+        ["option:--adaptive-decay", "never passes --adaptive-decay"]),
     "option_without_flags": (lambda f: _edit(f, "option:--port", lambda e: e["facts"].pop(
         "flags")), ["option:--port", "facts need 'flags'"]),
 }

@@ -178,8 +178,8 @@ def test_init_without_apply_starts_every_adapter_at_zero(folders):
     from deployments.api.adapters import AdapterTable
     from deployments.api.schema import CompletionParams
 
-    args = GraphArgs.model_validate({"adapters": [str(folders["a"])],
-                                     "lora_init_without_apply": True})
+    args = cli.graph_args(cli.parse(["--lora", str(folders["a"]), "--lora-init-without-apply"],
+                                    {}))
     table = AdapterTable(args)
     assert [a["scale"] for a in table.listing()] == [0.0]
     params = CompletionParams()
