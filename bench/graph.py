@@ -42,14 +42,15 @@ def free_port() -> int:
 
 
 def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: int,
-                 stream_channel: str = "shared") -> dict:
-    """configs/local.yaml with the bench's model, slots, port and stream channel."""
+                 stream_channel: str = "shared", extra_args: dict | None = None) -> dict:
+    """configs/local.yaml with the bench's model, slots, port, stream channel and any other
+    ``extra_args`` of the graph."""
     config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     config["http_options"]["port"] = port
     app = config["applications"][0]
     app["args"].update({"model": model, "n_parallel": n_parallel, "n_ctx": n_ctx,
                         "n_batch": n_batch, "max_queue": 4096,
-                        "stream_channel": stream_channel})
+                        "stream_channel": stream_channel, **(extra_args or {})})
     for deployment in app.get("deployments", []):
         if deployment.get("name") == "ModelReplica":
             deployment["max_ongoing_requests"] = max(64, 4 * n_parallel)
@@ -59,8 +60,8 @@ def graph_config(model: str, port: int, n_parallel: int, n_ctx: int, n_batch: in
 @contextmanager
 def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
                 log_path: Path, timeout: float = 240.0, attempts: int = 3,
-                serve_proxy: bool = False,
-                stream_channel: str = "shared") -> Iterator[tuple[str, int]]:
+                serve_proxy: bool = False, stream_channel: str = "shared",
+                extra_args: dict | None = None) -> Iterator[tuple[str, int]]:
     """Yield (base URL, PID) of a healthy graph; stop it (its process group, by PID).
 
     A local cluster whose GCS misses Ray's 30 s startup deadline (a loaded machine) exits at once;
@@ -69,8 +70,8 @@ def serve_graph(model: str, n_parallel: int, n_ctx: int, n_batch: int,
         port = free_port()
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="mlxray-bench-",
                                          delete=False) as f:
-            yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch, stream_channel),
-                           f)
+            yaml.safe_dump(graph_config(model, port, n_parallel, n_ctx, n_batch, stream_channel,
+                                        extra_args), f)
         # mlxray's cluster settings: the proxy's gRPC, and the workers at nice 0 like the
         # engines driven here and mlx_lm.server (Ray's own default, 15, would measure the nice
         # levels on a shared machine)

@@ -57,6 +57,16 @@ def test_the_flags_reach_the_config():
     assert cli.graph_args(cli.parse(["-m", MODEL], {})).cache_disk is None
 
 
+def test_a_sharded_replica_refuses_the_tier(tmp_path, capsys):
+    """Each rank holds its own part of every KV cache: the command stops at start, naming it."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["-m", MODEL, "--shards", "2", "--cache-disk", str(tmp_path), "--dump-config"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cache-disk" in err and "sharded replica" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_restarted_engine_and_a_second_one_read_it_from_disk(tmp_path):
     with disk_engine(tmp_path) as first, disk_engine(tmp_path) as second:
         cold = complete(first)

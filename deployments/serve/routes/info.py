@@ -231,6 +231,14 @@ METRIC_HELP = {
     "requests_deferred": ("gauge", "Number of requests deferred."),
     "n_busy_slots_per_decode": ("gauge", "Average number of busy slots per llama_decode() call"),
 }
+# mlxray's own, after the reference's and only with --cache-disk: the default text stays its
+DISK_METRIC_HELP = {
+    "cache_disk_hits_total": ("counter", "Number of prompts whose cache was read from the disk "
+                                         "tier (--cache-disk)."),
+    "prompt_tokens_cache_disk_total": ("counter", "Number of prompt tokens read from the disk "
+                                                  "tier (counted in prompt_tokens_cached_total "
+                                                  "too)."),
+}
 
 
 def metric_values(m: dict) -> dict[str, float]:
@@ -257,14 +265,24 @@ def metric_values(m: dict) -> dict[str, float]:
     }
 
 
-def exposition(values: dict[str, float]) -> str:
+def exposition(values: dict[str, float], own: dict[str, float] | None = None) -> str:
     """Prometheus text as the reference writes it: HELP, TYPE and the sample of each metric,
-    the value as C++'s ostream prints a double (%g: six significant digits)."""
+    the value as C++'s ostream prints a double (%g: six significant digits); then mlxray's
+    ``own`` metrics, prefixed ``mlxray:``."""
     lines = []
-    for name, (kind, help_text) in METRIC_HELP.items():
-        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                  f"llamacpp:{name} {float(values[name]):g}"]
+    for prefix, helps, vals in (("llamacpp", METRIC_HELP, values),
+                                ("mlxray", DISK_METRIC_HELP, own or {})):
+        for name, (kind, help_text) in helps.items():
+            if name in vals:
+                lines += [f"# HELP {prefix}:{name} {help_text}",
+                          f"# TYPE {prefix}:{name} {kind}",
+                          f"{prefix}:{name} {float(vals[name]):g}"]
     return "\n".join(lines) + "\n"
+
+
+def disk_metric_values(m: dict, cache_disk: str | None) -> dict[str, float]:
+    """The disk tier's counters, none without one."""
+    return {name: m.get(name, 0) for name in DISK_METRIC_HELP} if cache_disk else {}
 
 
 async def metrics(ingress: IngressBase, request: Request) -> Response:
@@ -274,5 +292,7 @@ async def metrics(ingress: IngressBase, request: Request) -> Response:
         raise ApiError("This server does not support metrics endpoint. Start it with "
                        "`--metrics`", "not_supported_error")
     snapshot = await model.replica.metrics.remote()
-    return Response(exposition(metric_values(snapshot)), media_type="text/plain; version=0.0.4",
+    text = exposition(metric_values(snapshot),
+                      disk_metric_values(snapshot, model.args.cache_disk))
+    return Response(text, media_type="text/plain; version=0.0.4",
                     headers={"Process-Start-Time-Unix": str(int(ingress.started))})
