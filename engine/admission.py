@@ -40,7 +40,7 @@ class Admission:
             unit = self._waiting[0]
             if unit[0].group.cancelled:  # a failed request's later prompts
                 self._waiting.popleft()
-                self._n_dequeued += 1
+                self._n_dequeued += len(unit)
                 continue
             free = self._free_slots()
             if len(free) < len(unit):
@@ -55,7 +55,7 @@ class Admission:
             else:
                 chosen = []
             self._waiting.popleft()
-            self._n_dequeued += 1
+            self._n_dequeued += len(unit)
             for task in unit[len(chosen):]:
                 chosen.append(self._pick_slot(free, task.req.prompt_tokens))
             try:

@@ -25,6 +25,16 @@ def check_prompt(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
         )
 
 
+def check_queue_room(n_new: int, n_waiting: int, room: int) -> None:
+    """Refuse a request whose ``n_new`` sequences (its prompts times n_cmpl) do not all fit in
+    ``room`` (the free slots plus the queue's bound) beside the ``n_waiting`` already queued: the
+    whole request, before any of it is queued, so a request of many prompts never fills the queue
+    for the clients after it. The reference queues without bound."""
+    if n_waiting + n_new > room:
+        raise EngineError("the server is busy: too many queued requests", 503,
+                          "unavailable_error")
+
+
 def _f32(value: float) -> np.float32:
     with np.errstate(over="ignore"):
         return np.float32(value)

@@ -20,9 +20,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import check_prompt, sampler_init_error
+from .checks import check_prompt, check_queue_room, sampler_init_error
 from .engine_thread import EngineThread
-from .tasks import EngineMetrics, Group, Sink, Slot, Task, units
+from .tasks import EngineMetrics, Group, Sink, Slot, Task
 from .text import TextState
 from .types import (
     RANDOM_SEED,
@@ -82,7 +82,7 @@ class FakeEngine(EngineThread):
         self._init_thread()
         self._waiting: list[list[Task]] = []
         self._group_ids, self._task_ids = itertools.count(1), itertools.count(0)
-        self._n_submitted = self._n_dequeued = 0  # admission units in, and out of the queue
+        self._n_submitted = self._n_dequeued = 0  # sequences in, and out of the queue
 
     # ---- engine/seam.py's EngineLike ---------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
@@ -102,14 +102,13 @@ class FakeEngine(EngineThread):
             raise EngineError("the engine is not running", 503, "unavailable_error")
         for req in requests:
             self.validate(req)
-        if self.n_waiting >= self.config.max_queue + sum(s.task is None for s in self.slots):
-            raise EngineError("the server is busy: too many queued requests", 503,
-                              "unavailable_error")
+        check_queue_room(len(requests), self.n_waiting,
+                         self.config.max_queue + sum(s.task is None for s in self.slots))
         group = Group(next(self._group_ids), [], sink)
         for req in requests:
             text = TextState([w.encode() for w in req.stop])
             group.tasks.append(Task(req, group, text, req.sampling.seed, id=next(self._task_ids)))
-        self._n_submitted += len(units(group.tasks))
+        self._n_submitted += len(group.tasks)
         self._inbox.put(("submit", group))
         return group.id
 
@@ -171,7 +170,7 @@ class FakeEngine(EngineThread):
         for unit in list(self._waiting):
             if unit[0].group.id == group_id:
                 self._waiting.remove(unit)
-                self._n_dequeued += 1
+                self._n_dequeued += len(unit)
                 found = unit[0].group.cancelled = True
         for slot in self.slots:
             if slot.task is not None and slot.task.group.id == group_id:
@@ -183,7 +182,7 @@ class FakeEngine(EngineThread):
         free = [s for s in self.slots if s.task is None]
         while self._waiting and len(free) >= len(self._waiting[0]):
             unit = self._waiting.pop(0)
-            self._n_dequeued += 1
+            self._n_dequeued += len(unit)
             events: list = []
             for task in unit:
                 slot = free.pop(0)

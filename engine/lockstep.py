@@ -38,7 +38,7 @@ import numpy as np
 
 from .model import LoadedModel
 from .scheduler import Engine
-from .tasks import EngineConfig, Group, Task, units
+from .tasks import EngineConfig, Group, Task
 from .text import TextState
 from .types import GenerationRequest, GrammarTrigger, ReasoningBudget, SamplingParams
 from .wire import Codec
@@ -114,7 +114,7 @@ class FollowerEngine(Engine):
         for kind, value in turn:
             if kind == "submit":
                 group = _group(*value)
-                self._n_submitted += len(units(group.tasks))
+                self._n_submitted += len(group.tasks)
                 self._apply("submit", group)
             elif kind == "cancel":
                 self._apply("cancel", value)

@@ -114,6 +114,6 @@ class Retirement:
                     item[1]()  # guarded: hands its result or error back to the caller
             while self._waiting:
                 unit = self._waiting.popleft()
-                self._n_dequeued += 1
+                self._n_dequeued += len(unit)
                 unit[0].group.sink([ErrorEvent(t.req.index, 500, message, "server_error")
                                     for t in unit])

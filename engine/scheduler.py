@@ -22,7 +22,7 @@ from .admission import Admission
 from .batching import new_batch_generator
 from .cache_snapshots import Snapshots
 from .chain import infill_vocab
-from .checks import check_prompt, sampler_init_error
+from .checks import check_prompt, check_queue_room, sampler_init_error
 from .device import WiredLimit, engine_stream, release_streams
 from .disk_cache import disk_cache
 from .engine_thread import EngineThread
@@ -35,7 +35,7 @@ from .prefix_cache import PrefixCache, cache_bytes
 from .retirement import Retirement
 from .sampling import resolve_seed
 from .stepping import Stepping
-from .tasks import EngineConfig, EngineMetrics, Group, Sink, Slot, Task, units
+from .tasks import EngineConfig, EngineMetrics, Group, Sink, Slot, Task
 from .text import TextState
 from .triggers import check_trigger_patterns
 from .types import EngineError, GenerationRequest
@@ -68,7 +68,7 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
         self._wired = WiredLimit()
         self._dirty: dict[int, Group] = {}
         self.error: BaseException | None = None
-        # admission units submitted / units that left the queue (admitted, cancelled, failed):
+        # sequences submitted / sequences that left the queue (admitted, cancelled, failed):
         # each is written by one thread only, so their difference is a lock-free queue length
         self._n_submitted = 0
         self._n_dequeued = 0
@@ -126,15 +126,14 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
             raise EngineError("the engine is not running", 503, "unavailable_error")
         for req in requests:
             self.validate(req)
-        if self.n_waiting >= self.config.max_queue + len(self._free_slots()):
-            raise EngineError("the server is busy: too many queued requests", 503,
-                              "unavailable_error")
+        check_queue_room(len(requests), self.n_waiting,
+                         self.config.max_queue + len(self._free_slots()))
         group = Group(next(self._group_ids), [], sink)
         for req in requests:
             stops = [w.encode() for w in req.stop]
             group.tasks.append(Task(req, group, TextState(stops), resolve_seed(req.sampling.seed),
                                     id=next(self._task_ids)))
-        self._n_submitted += len(units(group.tasks))
+        self._n_submitted += len(group.tasks)
         self._inbox.put(("submit", group))
         return group.id
 
@@ -174,7 +173,8 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
 
     @property
     def n_waiting(self) -> int:
-        """Prompts (admission units) submitted that hold no slot yet: inbox or waiting queue."""
+        """Sequences (prompts times n_cmpl) submitted that hold no slot yet: inbox or waiting
+        queue."""
         return self._n_submitted - self._n_dequeued
 
     def debug_state(self) -> dict:
@@ -234,7 +234,7 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
         for unit in list(self._waiting):
             if unit[0].group.id == group_id:
                 self._waiting.remove(unit)
-                self._n_dequeued += 1
+                self._n_dequeued += len(unit)
                 unit[0].group.cancelled = found = True
         for slot in self.slots:
             task = slot.task

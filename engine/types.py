@@ -245,7 +245,7 @@ class EngineConfig:
     prefill_waves: bool = True  # a burst of prompts read n_batch tokens a step (prefill_waves.py)
     cache_entries: int = 0  # prefix-cache entries; 0 means 2 per slot
     cache_ram_mib: int = 8192  # the prefix cache's KV bytes, in MiB (--cache-ram); -1: no limit
-    max_queue: int = 256  # waiting groups before new requests are refused
+    max_queue: int = 256  # waiting sequences (prompts times n_cmpl) before a request is refused
     kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
     cache_disk: str | None = None  # the prompt cache's disk tier: a folder (--cache-disk)
     cache_disk_mib: int = 16384  # its bound in MiB (--cache-disk-mib); -1: no limit

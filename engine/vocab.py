@@ -8,7 +8,9 @@ we keep a bytes table per vocabulary id instead.
 from __future__ import annotations
 
 import re
+import threading
 from functools import lru_cache
+from typing import Any
 
 from .types import EngineError
 
@@ -51,6 +53,8 @@ class Vocab:
             if getattr(added, "special", False):
                 self.special_ids.add(tid)
         self.pieces, self.special_pieces = self._build_pieces()
+        self._literal: Any = None  # _encoder(parse_special=False), made on first use
+        self._literal_lock = threading.Lock()
 
     def _build_pieces(self) -> tuple[list[bytes], list[bytes]]:
         tokens = self.hf.convert_ids_to_tokens(list(range(self.n_vocab)))
@@ -77,17 +81,32 @@ class Vocab:
         return pieces, special
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
-        if self.backend is not None and hasattr(self.backend, "encode_special_tokens"):
-            self.backend.encode_special_tokens = not parse_special
-            try:
-                ids = self.backend.encode(text, add_special_tokens=False).ids
-            finally:
-                self.backend.encode_special_tokens = False
+        """Safe from several threads at once. A fast tokenizer's ``encode_batch`` lets go of the
+        GIL while it works (``encode`` holds it throughout), so the ingress's event loop runs on
+        while a large prompt is tokenized on a worker thread."""
+        encoder = self._encoder(parse_special)
+        if encoder is not None:
+            ids = encoder.encode_batch([text], add_special_tokens=False)[0].ids
         else:
             ids = self.hf.encode(text, add_special_tokens=False)
         if add_special and self.add_bos:
             ids = [self.bos_id, *ids]
         return list(ids)
+
+    def _encoder(self, parse_special: bool) -> Any:
+        """The fast tokenizer for ``parse_special``: the model's own, or for literal text a copy
+        that never matches special tokens. Two tokenizers rather than one whose
+        ``encode_special_tokens`` flag each call sets: another thread's call would see it."""
+        if self.backend is None or not hasattr(self.backend, "encode_special_tokens"):
+            return None
+        if parse_special:
+            return self.backend
+        with self._literal_lock:
+            if self._literal is None:
+                literal = type(self.backend).from_str(self.backend.to_str())
+                literal.encode_special_tokens = True
+                self._literal = literal
+            return self._literal
 
     def tokenize_prompt(self, prompt) -> list[int]:
         """One sub-prompt of spec §2.1: a string, a token array, or a mixed array."""

@@ -140,7 +140,8 @@ class GraphArgs(BaseModel):
                               "one routed Ray Serve call per hop; deployments/serve/channel.py; "
                               "per_request when Ray runs with TLS) or per_request (each "
                               "request's items are its own Ray Serve stream)")
-    max_queue: int = Field(ENGINE.max_queue, ge=0, description="queued requests before 503")
+    max_queue: int = Field(ENGINE.max_queue, ge=0,
+                           description="queued sequences (prompts times n_cmpl) before 503")
     metrics: bool = Field(False, description="serve /metrics (--metrics)")
     slots: bool = Field(True, description="serve /slots (--slots)")
     props: bool = Field(False, description="allow POST /props (--props)")

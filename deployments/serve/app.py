@@ -1,9 +1,11 @@
 """The FastAPI app every route module registers on, its error handlers and response helpers."""
 
+import asyncio
 import json
 import logging
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -16,9 +18,18 @@ from engine.types import EngineError
 
 JSON = "application/json; charset=utf-8"
 log = logging.getLogger("mlxray.ingress")
+T = TypeVar("T")
 
 app = FastAPI(title="mlxray", description="llama-server's HTTP API on MLX and Ray Serve",
               docs_url=None, redoc_url=None)
+
+
+async def off_loop(work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)`` on a worker thread: tokenizing, templating or turning a schema into a
+    grammar takes seconds for a large body, and the event loop answers every other client
+    (``/health`` among them) meanwhile. The tokenizer lets go of the GIL as it works
+    (engine/vocab.py); what ``work`` raises is raised here."""
+    return await asyncio.to_thread(work, *args)
 
 
 def json_response(body: Any, status: int = 200) -> Response:

@@ -86,6 +86,23 @@ def test_refusals_are_the_real_engines(fake):
         fake.submit([GenerationRequest([5], n_indent=2, t_max_predict_ms=5)], lambda e: None)
 
 
+def test_the_queue_bound_counts_sequences_and_refuses_a_whole_request(fake):
+    """Two free slots and a queue of one take three sequences. A request of four (an n_cmpl
+    child counts as one) is refused whole, none of it queued; three are answered."""
+    def sequences(n: int, children: bool = False) -> list[GenerationRequest]:
+        return [GenerationRequest([5, 6], n_predict=1, index=i, child=children and i % 2 == 1)
+                for i in range(n)]
+
+    submitted = fake.debug_state()["n_submitted"]
+    for refused in (sequences(4), sequences(4, children=True)):
+        with pytest.raises(EngineError, match="too many queued requests") as exc:
+            fake.submit(refused, lambda events: None)
+        assert (exc.value.code, fake.n_waiting) == (503, 0)
+    assert fake.debug_state()["n_submitted"] == submitted
+    finals = [e for e in run(fake, *sequences(3)) if isinstance(e, FinalEvent)]
+    assert len(finals) == 3 and fake.n_waiting == 0
+
+
 def test_a_cancelled_group_frees_its_slot(fake):
     group = fake.submit([GenerationRequest([5, 6], n_predict=-1)], lambda events: None)
     fake.cancel(group)

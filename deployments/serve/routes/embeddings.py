@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from deployments.api.errors import ApiError, invalid
 from deployments.api.json_values import to_int
-from deployments.serve.app import from_engine, json_response, read_object
+from deployments.serve.app import from_engine, json_response, off_loop, read_object
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
 from engine.checks import check_prompt
 from engine.types import EngineError
@@ -39,6 +39,11 @@ async def _prepare(ingress: IngressBase,
         isinstance(p, int) and not isinstance(p, bool) for p in prompt) else [prompt]
     if not items:
         raise invalid('"input" must not be empty')
+    return model, body, await off_loop(_tokens, model, items)
+
+
+def _tokens(model: ModelEndpoint, items: list) -> list[list[int]]:
+    """The inputs' tokens, checked; run off the event loop (a large body takes seconds)."""
     try:
         prompts = [model.vocab.tokenize_prompt(p) for p in items]
         for tokens in prompts:
@@ -47,7 +52,7 @@ async def _prepare(ingress: IngressBase,
             check_prompt(tokens, model.vocab.n_vocab, model.args.n_ctx)
     except EngineError as exc:
         raise from_engine(exc) from None
-    return model, body, prompts
+    return prompts
 
 
 async def _vectors(model: ModelEndpoint, prompts: list[list[int]], norm: int) -> list:

@@ -16,11 +16,19 @@ from deployments.api.errors import ApiError, Refusal, RequestError, invalid
 from deployments.api.json_values import json_type
 from deployments.api.schema import CompletionParams, parse_completion, split_prompts
 from deployments.api.shapes import OaiContext
-from deployments.serve.app import JSON, from_engine, json_response, read_json, read_object
+from deployments.serve.app import (
+    JSON,
+    from_engine,
+    json_response,
+    off_loop,
+    read_json,
+    read_object,
+)
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
 from deployments.serve.streams import close
-from engine.checks import check_prompt
+from engine.checks import check_prompt, check_queue_room
 from engine.types import EngineError
+from engine.vocab import Vocab
 
 HEALTH_TIMEOUT_S = 5.0
 
@@ -64,7 +72,7 @@ async def completion(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    params, prompts = prepare(model, body)
+    params, prompts = await off_loop(prepare, model, body)
     if params.stream:
         return await stream(model, params, prompts)
     status, payload = await model.shaper.complete.remote(params, prompts)
@@ -72,12 +80,19 @@ async def completion(ingress: IngressBase, request: Request) -> Response:
 
 
 def prepare(model: ModelEndpoint, body: Any) -> tuple[CompletionParams, list[list[int]]]:
-    """The reference's order: prompt present, tokenized, fields evaluated, then slot checks."""
+    """The reference's order: prompt present, tokenized, fields evaluated, then slot checks.
+    Seconds of work for a large body: the routes run it off the event loop (``off_loop``).
+    More prompts than one replica's slots and queue can take are refused before any is
+    tokenized, with the full queue's 503 (the reference queues without bound)."""
     if not isinstance(body, dict):
         raise invalid(f"[json.exception.type_error.304] cannot use at() with {json_type(body)}")
+    capacity = model.args.n_parallel + model.args.max_queue
     try:
-        prompts = [model.vocab.tokenize_prompt(p) for p in split_prompts(body)]
+        texts = split_prompts(body)
+        check_queue_room(len(texts), 0, capacity)
+        prompts = [model.vocab.tokenize_prompt(p) for p in texts]
         params = parse_completion(body, model.parse_context, model.defaults)
+        check_queue_room(len(prompts) * params.n_cmpl, 0, capacity)
         if model.adapters:
             model.adapters.resolve(params, body.get("model"))
         for tokens in prompts:
@@ -123,7 +138,7 @@ async def _prepare_handle(ingress: IngressBase, body: Any, stream: bool):
     try:
         await ingress.check_ready()
         model = ingress.model_of(body)
-        return (model, *prepare(model, handle_body(body, stream)))
+        return (model, *await off_loop(prepare, model, handle_body(body, stream)))
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
 
@@ -166,12 +181,17 @@ async def tokenize(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     vocab = ingress.model_of(body, request).vocab
+    return json_response(await off_loop(_tokens, vocab, body))
+
+
+def _tokens(vocab: Vocab, body: dict) -> dict:
+    """/tokenize's answer."""
     content = body.get("content")
     add_special = _flag(body, "add_special", False)
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
     if content is None:
-        return json_response({"tokens": []})
+        return {"tokens": []}
     try:
         if isinstance(content, str):
             tokens = vocab.tokenize(content, add_special, parse_special)
@@ -182,7 +202,7 @@ async def tokenize(ingress: IngressBase, request: Request) -> Response:
     except EngineError as exc:
         raise invalid(exc.message) from None
     if not with_pieces:
-        return json_response({"tokens": tokens})
+        return {"tokens": tokens}
     out = []
     for t in tokens:
         piece = vocab.piece(t, special=True)
@@ -191,13 +211,18 @@ async def tokenize(ingress: IngressBase, request: Request) -> Response:
         except UnicodeDecodeError:
             shown = list(piece)
         out.append({"id": t, "piece": shown})
-    return json_response({"tokens": out})
+    return {"tokens": out}
 
 
 async def detokenize(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     vocab = ingress.model_of(body, request).vocab
+    return json_response({"content": await off_loop(_content, vocab, body)})
+
+
+def _content(vocab: Vocab, body: dict) -> str:
+    """/detokenize's text."""
     tokens = body.get("tokens", [])
     if tokens is None:
         tokens = []
@@ -205,7 +230,7 @@ async def detokenize(ingress: IngressBase, request: Request) -> Response:
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
     ):
         raise invalid("\"tokens\" must be an array of integers")
-    return json_response({"content": vocab.detokenize(tokens, special=True)})
+    return vocab.detokenize(tokens, special=True)
 
 # ---- health --------------------------------------------------------------------------------
 async def _all_ready(ingress: IngressBase) -> bool:

@@ -18,7 +18,7 @@ from deployments.api.schema import CompletionParams
 from deployments.api.shapes import OaiContext
 from deployments.api.tools.request import read_tools
 from deployments.api.tools.syntax import ChatSyntax
-from deployments.serve.app import JSON, json_response, read_json, read_object
+from deployments.serve.app import JSON, json_response, off_loop, read_json, read_object
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
 from deployments.serve.routes import native
 
@@ -35,7 +35,7 @@ async def answer(model: ModelEndpoint, native_body: dict, kind: str,
                  chat: ChatSyntax | None = None, protocol: str = "") -> Response:
     """Run a native body; the answer in the OpenAI ``kind`` shape, or the chat shape converted
     to ``protocol``'s (deployments/api/protocols/)."""
-    params, prompts = native.prepare(model, native_body)
+    params, prompts = await off_loop(native.prepare, model, native_body)
     oai = context(model, kind, params, chat, protocol)
     if params.stream:
         return await native.stream(model, params, prompts, oai)
@@ -53,14 +53,14 @@ async def completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
-    return await answer(model, completion_body(body), "text_completion")
+    return await answer(model, await off_loop(completion_body, body), "text_completion")
 
 
 async def chat_completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
-    native_body, syntax = chat_body(body, model)
+    native_body, syntax = await off_loop(chat_body, body, model)
     return await answer(model, native_body, "chat.completion", syntax)
 
 
@@ -68,7 +68,8 @@ async def apply_template(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    return json_response({"prompt": chat_body(body, model)[0]["prompt"]})
+    native_body, _ = await off_loop(chat_body, body, model)
+    return json_response({"prompt": native_body["prompt"]})
 
 
 async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
@@ -76,7 +77,7 @@ async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    return json_response({"input_tokens": count_input_tokens(model, body)})
+    return json_response({"input_tokens": await off_loop(count_input_tokens, model, body)})
 
 
 def count_input_tokens(model: ModelEndpoint, chat: dict) -> int:

@@ -21,7 +21,8 @@ from deployments.api.openai_requests import chat_body
 from deployments.api.protocols import to_chat
 from deployments.api.schema import CompletionParams
 from deployments.api.shapes import OaiContext
-from deployments.serve.app import json_response, read_json
+from deployments.api.tools.syntax import ChatSyntax
+from deployments.serve.app import json_response, off_loop, read_json
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
 from deployments.serve.routes import native, oai
 
@@ -32,8 +33,16 @@ async def answer(ingress: IngressBase, request: Request, protocol: str) -> Respo
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    native_body, syntax = chat_body(to_chat(protocol, body), model)
+    native_body, syntax = await off_loop(_chat_body, protocol, body, model)
     return await oai.answer(model, native_body, CHAT, syntax, protocol)
+
+
+def _chat_body(protocol: str, body: Any, model: ModelEndpoint) -> tuple[dict, ChatSyntax]:
+    return chat_body(to_chat(protocol, body), model)
+
+
+def _count(protocol: str, body: Any, model: ModelEndpoint) -> int:
+    return oai.count_input_tokens(model, to_chat(protocol, body))
 
 
 async def input_tokens(ingress: IngressBase, request: Request, protocol: str) -> Response:
@@ -42,8 +51,7 @@ async def input_tokens(ingress: IngressBase, request: Request, protocol: str) ->
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
-    out: dict[str, Any] = {"input_tokens": oai.count_input_tokens(model,
-                                                                  to_chat(protocol, body))}
+    out: dict[str, Any] = {"input_tokens": await off_loop(_count, protocol, body, model)}
     if protocol == "responses":
         out["object"] = "response.input_tokens"
     return json_response(out)
@@ -55,8 +63,9 @@ async def _prepare_handle(ingress: IngressBase, body: Any, protocol: str, stream
     try:
         await ingress.check_ready()
         model = ingress.model_of(body)
-        chat, syntax = chat_body(to_chat(protocol, native.handle_body(body, stream)), model)
-        params, prompts = native.prepare(model, chat)
+        chat, syntax = await off_loop(_chat_body, protocol, native.handle_body(body, stream),
+                                      model)
+        params, prompts = await off_loop(native.prepare, model, chat)
         return model, params, prompts, oai.context(model, CHAT, params, syntax, protocol)
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
