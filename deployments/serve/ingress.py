@@ -24,6 +24,7 @@ from deployments.serve.routes import (
     native,
     oai,
     protocols,
+    resume,
     unsupported,
     webui,
 )
@@ -143,6 +144,20 @@ class Ingress(IngressBase):
     async def set_lora_adapters(self, request: Request) -> Response:
         return await adapters.set_scales(self, request)
 
+    # resumable streams (routes/resume.py): a stream sent with X-Conversation-Id outlives its
+    # client; these read it again, look it up and stop it
+    @app.get("/v1/stream")
+    async def stream_resume(self, request: Request) -> Response:
+        return await resume.get_stream(self, request)
+
+    @app.delete("/v1/stream")
+    async def stream_stop(self, request: Request) -> Response:
+        return await resume.stop(self, request)
+
+    @app.post("/v1/streams/lookup")
+    async def streams_lookup(self, request: Request) -> Response:
+        return await resume.lookup(self, request)
+
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
     # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy
     # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
@@ -153,9 +168,6 @@ class Ingress(IngressBase):
     @app.post("/v1/reranking")
     @app.post("/audio/transcriptions")
     @app.post("/v1/audio/transcriptions")
-    @app.get("/v1/stream")
-    @app.delete("/v1/stream")
-    @app.post("/v1/streams/lookup")
     @app.post("/v1/chat/completions/control")
     async def not_supported(self, request: Request) -> Response:
         return await unsupported.not_supported(self, request)

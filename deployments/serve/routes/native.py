@@ -25,6 +25,8 @@ from deployments.serve.app import (
     read_object,
 )
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
+from deployments.serve.routes import resume
+from deployments.serve.routes.resume import conversation_of
 from deployments.serve.streams import close
 from engine.checks import check_prompt, check_queue_room
 from engine.types import EngineError
@@ -74,7 +76,7 @@ async def completion(ingress: IngressBase, request: Request) -> Response:
     model = ingress.model_of(body, request)
     params, prompts = await off_loop(prepare, model, body)
     if params.stream:
-        return await stream(model, params, prompts)
+        return await stream(model, params, prompts, conversation_id=conversation_of(request))
     status, payload = await model.shaper.complete.remote(params, prompts)
     return Response(payload, status_code=status, media_type=JSON)
 
@@ -102,14 +104,20 @@ def prepare(model: ModelEndpoint, body: Any) -> tuple[CompletionParams, list[lis
     return params, prompts
 
 
-async def stream(model: ModelEndpoint, params: CompletionParams,
-                 prompts: list[list[int]], oai: OaiContext | None = None) -> Response:
-    chunks = model.sse(params, prompts, oai)
-    try:
-        first = await anext(chunks, None)
-    except BaseException:  # the client left (or the shaper failed) before the first frame
-        await close(chunks)
-        raise
+async def stream(model: ModelEndpoint, params: CompletionParams, prompts: list[list[int]],
+                 oai: OaiContext | None = None, conversation_id: str = "") -> Response:
+    """SSE, or the JSON of a refusal. With a conversation id (the X-Conversation-Id header) the
+    stream is kept for GET /v1/stream (routes/resume.py) and outlives the client."""
+    if conversation_id:
+        first, chunks = await resume.resumable(lambda: model.sse(params, prompts, oai),
+                                               conversation_id)
+    else:
+        chunks = model.sse(params, prompts, oai)
+        try:
+            first = await anext(chunks, None)
+        except BaseException:  # the client left (or the shaper failed) before the first frame
+            await close(chunks)
+            raise
     if isinstance(first, Refusal):
         async for _ in chunks:  # nothing follows a refusal: the shaper's call just ends
             pass

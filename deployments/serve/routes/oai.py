@@ -21,6 +21,7 @@ from deployments.api.tools.syntax import ChatSyntax
 from deployments.serve.app import JSON, json_response, off_loop, read_json, read_object
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
 from deployments.serve.routes import native
+from deployments.serve.routes.resume import conversation_of
 
 
 def context(model: ModelEndpoint, kind: str, params: CompletionParams,
@@ -32,13 +33,15 @@ def context(model: ModelEndpoint, kind: str, params: CompletionParams,
 
 
 async def answer(model: ModelEndpoint, native_body: dict, kind: str,
-                 chat: ChatSyntax | None = None, protocol: str = "") -> Response:
+                 chat: ChatSyntax | None = None, protocol: str = "",
+                 conversation_id: str = "") -> Response:
     """Run a native body; the answer in the OpenAI ``kind`` shape, or the chat shape converted
-    to ``protocol``'s (deployments/api/protocols/)."""
+    to ``protocol``'s (deployments/api/protocols/); a stream with a conversation id is kept
+    for resuming (routes/resume.py)."""
     params, prompts = await off_loop(native.prepare, model, native_body)
     oai = context(model, kind, params, chat, protocol)
     if params.stream:
-        return await native.stream(model, params, prompts, oai)
+        return await native.stream(model, params, prompts, oai, conversation_id)
     status, payload = await model.shaper.complete.remote(params, prompts, oai)
     return Response(payload, status_code=status, media_type=JSON)
 
@@ -53,7 +56,8 @@ async def completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
-    return await answer(model, await off_loop(completion_body, body), "text_completion")
+    return await answer(model, await off_loop(completion_body, body), "text_completion",
+                        conversation_id=conversation_of(request))
 
 
 async def chat_completions(ingress: IngressBase, request: Request) -> Response:
@@ -61,7 +65,8 @@ async def chat_completions(ingress: IngressBase, request: Request) -> Response:
     body = _object(await read_json(request, ingress.args.max_body_bytes))
     model = ingress.model_of(body, request)
     native_body, syntax = await off_loop(chat_body, body, model)
-    return await answer(model, native_body, "chat.completion", syntax)
+    return await answer(model, native_body, "chat.completion", syntax,
+                        conversation_id=conversation_of(request))
 
 
 async def apply_template(ingress: IngressBase, request: Request) -> Response:

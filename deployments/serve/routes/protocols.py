@@ -25,6 +25,7 @@ from deployments.api.tools.syntax import ChatSyntax
 from deployments.serve.app import json_response, off_loop, read_json
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
 from deployments.serve.routes import native, oai
+from deployments.serve.routes.resume import conversation_of
 
 CHAT = "chat.completion"
 
@@ -34,7 +35,8 @@ async def answer(ingress: IngressBase, request: Request, protocol: str) -> Respo
     body = await read_json(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
     native_body, syntax = await off_loop(_chat_body, protocol, body, model)
-    return await oai.answer(model, native_body, CHAT, syntax, protocol)
+    return await oai.answer(model, native_body, CHAT, syntax, protocol,
+                            conversation_of(request))
 
 
 def _chat_body(protocol: str, body: Any, model: ModelEndpoint) -> tuple[dict, ChatSyntax]:
