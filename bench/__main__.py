@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip the grammar scenario (8 sequences, half constrained)")
     p.add_argument("--no-adapters", action="store_true",
                    help="skip the adapter scenario (8 sequences, half on two LoRA adapters)")
+    p.add_argument("--no-sampled", action="store_true",
+                   help="skip the sampled scenario (16 sequences, llama-server's default chain)")
     return p.parse_args(argv)
 
 
@@ -268,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
 
             bar.set_description("grammar")
             doc["grammar"] = scenario(engine, 32 if args.quick else 96, 1 if args.quick else 3)
+        if not args.no_sampled:
+            from .sampled_throughput import scenario as sampled_scenario
+
+            bar.set_description("sampled")
+            doc["sampled"] = sampled_scenario(engine, loaded, n_tokens, rounds if args.quick
+                                              else 3, args.prompt_tokens, args.n_batch)
         if not args.no_adapters:
             from .adapter_throughput import scenario as adapter_scenario
 
@@ -312,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(adapter scenario) mixed_vs_base_alone_throughput@8 "
               f"{doc['adapters']['mixed_vs_base_alone']:.3f} (from CPU ms per token: "
               f"{doc['adapters']['cpu_mixed_vs_base_alone']:.3f})")
+    if "sampled" in doc:
+        from .sampled_throughput import ratio_lines as sampled_lines
+
+        for line in sampled_lines(doc["sampled"]):
+            print(line)
     for line in ratio_lines(doc["ratios"]):
         print(line)
     return 0

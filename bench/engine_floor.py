@@ -34,12 +34,13 @@ class _InFlight:
 
 
 def run_mlx_lm(loaded: LoadedModel, work: Workload, concurrency: int, n_requests: int,
-               n_parallel: int, n_batch: int, progress: Progress) -> tuple[list[RequestTiming],
-                                                                           float]:
-    """mlx-lm's own continuous batching: greedy, no stop tokens, ``n_tokens`` each."""
+               n_parallel: int, n_batch: int, progress: Progress, sampler: Callable | None = None
+               ) -> tuple[list[RequestTiming], float]:
+    """mlx-lm's own continuous batching: greedy (or ``sampler``, one for the whole batch), no
+    stop tokens, ``n_tokens`` each."""
     gen = BatchGenerator(loaded.model, max_tokens=work.n_tokens,
                          completion_batch_size=n_parallel, prefill_batch_size=n_parallel,
-                         prefill_step_size=n_batch)
+                         prefill_step_size=n_batch, sampler=sampler)
     bos = [loaded.vocab.bos_id] if loaded.vocab.add_bos else []
     inflight: dict[int, _InFlight] = {}
     done: list[RequestTiming] = []

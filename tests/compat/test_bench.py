@@ -37,8 +37,8 @@ def test_runs_and_prints_its_figures_without_the_bench_extra(tmp_path):
     hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
             "runpy.run_module('bench', run_name='__main__')")
     args = ["--quick", "--no-graph", "--no-mlx-lm", "--no-peer", "--no-grammar", "--no-adapters",
-            "--concurrency", "1", "--tokens", "4", "--requests", "1", "--prompt-tokens", "8",
-            "--prefix-tokens", "8", "--out", str(tmp_path / "run")]
+            "--no-sampled", "--concurrency", "1", "--tokens", "4", "--requests", "1",
+            "--prompt-tokens", "8", "--prefix-tokens", "8", "--out", str(tmp_path / "run")]
     out = subprocess.run([sys.executable, "-c", hide, *args], cwd=REPO, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -48,8 +48,8 @@ def test_runs_and_prints_its_figures_without_the_bench_extra(tmp_path):
 
 
 PEER_ONLY = ["--quick", "--no-graph", "--no-mlx-lm", "--no-grammar", "--no-adapters",
-             "--concurrency", "1", "--tokens", "4", "--requests", "1", "--prompt-tokens", "8",
-             "--prefix-tokens", "8"]
+             "--no-sampled", "--concurrency", "1", "--tokens", "4", "--requests", "1",
+             "--prompt-tokens", "8", "--prefix-tokens", "8"]
 
 
 def _gone(pid: int) -> bool:
@@ -235,3 +235,16 @@ def test_bench_only_packages_load_lazily():
     """The bench extra's packages (psutil, tqdm, matplotlib) are imported where they are used."""
     for path in sorted((REPO / "bench").glob("*.py")):
         assert module_imports(path) & {"psutil", "tqdm", "matplotlib"} == set(), path.name
+
+
+def test_the_sampled_scenario_sends_the_default_chain_seeded_per_request():
+    from bench.sampled_throughput import DEFAULT_CHAIN, SampledWorkload, ratio_lines
+
+    body = SampledWorkload(8, [[5, 6], [7]]).body(1)
+    assert body["prompt"] == [7] and body["seed"] == 1 and body["ignore_eos"]
+    assert {k: body[k] for k in DEFAULT_CHAIN} == DEFAULT_CHAIN
+    lines = ratio_lines({"ratios": {"sampled_vs_greedy_engine@16": 0.9,
+                                    "engine_vs_mlx_lm_sampled@16": 1.1}})
+    assert lines == [
+        "(sampled scenario) sampled_vs_greedy_engine@16 0.900 (target >= 0.85: ok)",
+        "(sampled scenario) engine_vs_mlx_lm_sampled@16 1.100 (target >= 1.2: MISSED)"]
