@@ -172,7 +172,7 @@ class Admission:
         processors = make_processors(sampling, self.vocab.n_vocab)
         budget = None
         if task.req.reasoning_budget is not None:
-            budget = self._reasoning_budget(task.req.reasoning_budget)
+            budget = task.budget = self._reasoning_budget(task.req.reasoning_budget)
             processors.insert(0, reasoning_budget_processor(budget))
         record = None
         if sampling.n_probs > 0 and sampling.post_sampling_probs:

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .control import reasoning_end
 from .tasks import units
 from .types import EngineError
 
@@ -45,6 +46,12 @@ class EngineThread:
 
     def cancel(self, group_id: int) -> None:
         self._inbox.put(("cancel", group_id))
+
+    def control(self, completion_id: str) -> dict:
+        """End the reasoning of the running sequence ``completion_id`` names (engine/control.py),
+        between two steps."""
+        return self.run_on_loop(lambda eng: reasoning_end(
+            [s.task for s in eng.slots if s.task is not None], completion_id))
 
     def run_on_loop(self, fn: Callable[[Any], object], timeout: float = 60.0) -> object:
         """Run ``fn(engine)`` on the engine's thread (it owns every MLX array); wait for it."""

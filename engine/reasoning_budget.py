@@ -71,6 +71,7 @@ class BudgetState:
     force_pos: int = 0
     held_last: bool = False
     replay: tuple[int, ...] = ()
+    force_pending: bool = False  # the control route's reasoning_end, applied at the next accept
 
     @property
     def active(self) -> bool:
@@ -79,6 +80,10 @@ class BudgetState:
     def accept(self, token: int) -> None:
         self.held_last, self.replay = self.active, ()
         self._advance(token)
+        if self.force_pending:
+            self.force_pending = False
+            if self.phase == COUNTING:
+                self._force()
 
     def _advance(self, token: int) -> None:
         if self.phase in (IDLE, DONE):
@@ -100,6 +105,16 @@ class BudgetState:
             self.force_pos += 1
             if self.force_pos >= len(self.forced):
                 self.phase = DONE
+
+    def force_now(self) -> bool:
+        """The control route's ``reasoning_end``: a budget counting down is spent (its message
+        and end tag are forced next); in any other phase nothing changes. The processor accepts
+        each token at the next step, so the force waits for the token already sampled to be
+        accepted as what it is (forcing now would count it as the message's first token)."""
+        if self.phase != COUNTING:
+            return False
+        self.force_pending = True
+        return True
 
     def forced_token(self) -> int | None:
         if self.phase == FORCING and self.force_pos < len(self.forced):

@@ -78,6 +78,10 @@ class EngineLike(Protocol):
 
     def metrics_snapshot(self, reset_bucket: bool = True) -> dict: ...
 
+    def control(self, completion_id: str) -> dict:
+        """``reasoning_end`` for the running sequence of ``completion_id``: the control route's
+        answer (engine/control.py)."""
+
     def run_on_loop(self, fn: Callable[[Any], object], timeout: float = 60.0) -> object:
         """``fn(engine)`` on the engine's own thread; its value, or its exception raised."""
 

@@ -14,6 +14,7 @@ from .types import EngineConfig, EngineEvent, GenerationRequest, Timings, TokenP
 
 if TYPE_CHECKING:
     from .grammar import GrammarProcessor
+    from .reasoning_budget import BudgetState
 
 Sink = Callable[[list[EngineEvent]], None]
 
@@ -60,6 +61,7 @@ class Task:
     children: list[Task] = field(default_factory=list)
     id: int = -1
     fault: Exception | None = None  # raised by this sequence's sampler or logits processors
+    budget: BudgetState | None = None  # the reasoning budget's state, which control may force
 
     def timings(self) -> Timings:
         predicted_ms = max(1e-3, (self.t_last - self.t_first) * 1e3) if self.n_gen else 0.0

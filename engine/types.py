@@ -101,6 +101,10 @@ class GenerationRequest:
     # LoRA adapters of this sequence: (name, scale) pairs, nonzero scales, sorted by name
     adapters: tuple[tuple[str, float], ...] = ()
     tag: object = None  # the caller's own data, echoed by Engine.slot_states (e.g. the params)
+    # the OpenAI answer's id, which POST /v1/chat/completions/control names (engine/control.py),
+    # and whether that route may end this sequence's reasoning (the request's reasoning_control)
+    completion_id: str = ""
+    reasoning_control: bool = False
 
 
 @dataclass(slots=True)

@@ -19,9 +19,11 @@ from engine.types import (
 )
 
 
-def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[GenerationRequest]:
+def to_requests(params: CompletionParams, prompts: list[list[int]],
+                completion_id: str = "") -> list[GenerationRequest]:
     """One engine request per prompt and completion, indexed prompt-major (index = p*n + j);
-    children of n_cmpl get seed + j unless the seed is random."""
+    children of n_cmpl get seed + j unless the seed is random. ``completion_id`` is the OpenAI
+    answer's id, which the control route names."""
     out = []
     n = params.n_cmpl
     for p, tokens in enumerate(prompts):
@@ -50,6 +52,8 @@ def to_requests(params: CompletionParams, prompts: list[list[int]]) -> list[Gene
                 index=p * n + j,
                 child=j > 0,
                 adapters=params.adapters,
+                completion_id=completion_id,
+                reasoning_control=params.reasoning_control,
                 tag=params,
             ))
     return out

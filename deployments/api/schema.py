@@ -192,7 +192,7 @@ FIELDS: tuple[Field, ...] = (
     Field("preserved_tokens", "custom", parse=parse_preserved),
     Field("grammar_triggers", "custom", parse=parse_grammar_triggers),
     # a boolean: it arms the budget sampler for POST /v1/chat/completions/control (501 here)
-    Field("reasoning_control", "bool", policy="inert"),
+    Field("reasoning_control", "bool"),
     # the reasoning budget (engine/reasoning_budget.py): tags tokenized with special tokens
     Field("reasoning_budget_tokens", "int32", hard=(-1, INT32_MAX)),
     Field("reasoning_budget_start_tag", "custom", attr="reasoning_budget_start",

@@ -19,6 +19,7 @@ from deployments.serve.app import app
 from deployments.serve.endpoint import IngressBase
 from deployments.serve.routes import (
     adapters,
+    control,
     embeddings,
     info,
     native,
@@ -158,6 +159,11 @@ class Ingress(IngressBase):
     async def streams_lookup(self, request: Request) -> Response:
         return await resume.lookup(self, request)
 
+    # a running completion's reasoning ended (routes/control.py)
+    @app.post("/v1/chat/completions/control")
+    async def completion_control(self, request: Request) -> Response:
+        return await control.control(self, request)
+
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
     # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy
     # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
@@ -168,7 +174,6 @@ class Ingress(IngressBase):
     @app.post("/v1/reranking")
     @app.post("/audio/transcriptions")
     @app.post("/v1/audio/transcriptions")
-    @app.post("/v1/chat/completions/control")
     async def not_supported(self, request: Request) -> Response:
         return await unsupported.not_supported(self, request)
 

@@ -145,6 +145,10 @@ class ModelReplica:
     async def slot_states(self) -> list[dict]:
         return self._engine().slot_states()
 
+    async def control(self, completion_id: str) -> dict:
+        """POST /v1/chat/completions/control's ``reasoning_end`` on this replica's engine."""
+        return await asyncio.to_thread(self._engine().control, completion_id)
+
     async def embed(self, prompts: list[list[int]], pooling: str) -> dict:
         """Pooled hidden states per prompt: {"result": [...]} or {"error": {...}}."""
         from engine import embed

@@ -38,11 +38,12 @@ class ResponseShaper:
         self.replica = args.handle(replica).options(stream=not self.shared)
         self.model_name = args.model_name
 
-    def _events(self, params: CompletionParams, prompts: list[list[int]]):
+    def _events(self, params: CompletionParams, prompts: list[list[int]],
+                oai: OaiContext | None):
         """The replica's event batches for the request, converted to the engine's requests here
         (once: the replica gets engine/types.py's GenerationRequests); those that queue up while
         we work arrive as one."""
-        requests = to_requests(params, prompts)
+        requests = to_requests(params, prompts, oai.id if oai is not None else "")
         replica = self.replica
         if params.multiplex_id:  # to a replica holding the request's on-demand adapter
             replica = replica.options(multiplexed_model_id=params.multiplex_id)
@@ -68,7 +69,7 @@ class ResponseShaper:
         an error: its envelope."""
         shape = self._shape(params, oai)
         results: dict[int, dict] = {}
-        events = self._events(params, prompts)
+        events = self._events(params, prompts, oai)
         try:
             async for batch in events:
                 for ev in batch:
@@ -102,7 +103,7 @@ class ResponseShaper:
         sends as SSE, less the ``data: null`` markers between prompts. An error is the last
         frame, ``{"error": {...}}``."""
         shape = self._shape(params, oai)
-        async for batch in self._events(params, prompts):
+        async for batch in self._events(params, prompts, oai):
             out: list[dict] = []
             try:
                 error = self._shape_batch(shape, params, batch, out, encode=None)
@@ -121,7 +122,7 @@ class ResponseShaper:
         sequence has started, errors are frames. The OpenAI formats end with ``data: [DONE]``."""
         shape = self._shape(params, oai)
         started = False
-        frames = self._frames(shape, params, prompts)
+        frames = self._frames(shape, params, prompts, oai)
         try:
             async for item in frames:
                 started = started or not isinstance(item, Refusal)
@@ -144,10 +145,10 @@ class ResponseShaper:
         ingress's process); returns how many, once the request has ended."""
         return await channel.pump(self.stream(params, prompts, oai), channel.sender(), reply)
 
-    async def _frames(self, shape, params: CompletionParams,
-                      prompts: list[list[int]]) -> AsyncIterator[bytes | Refusal]:
+    async def _frames(self, shape, params: CompletionParams, prompts: list[list[int]],
+                      oai: OaiContext | None) -> AsyncIterator[bytes | Refusal]:
         started = ended = False
-        events = self._events(params, prompts)
+        events = self._events(params, prompts, oai)
         try:
             async for batch in events:
                 chunks: list[bytes] = []

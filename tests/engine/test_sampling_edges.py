@@ -139,3 +139,23 @@ def test_scale_keeps_the_best_and_the_bans():
 ])
 def test_sampler_init_refusals(changes, error):
     assert sampler_init_error(replace(SamplingParams(), **changes)) == error
+
+
+def test_reasoning_end_forces_after_the_token_in_flight():
+    """The control route's force (BudgetState.force_now) comes between steps, after a token was
+    sampled and before the processor accepts it: that token is accepted as itself, then the
+    whole forced sequence follows."""
+    from engine.reasoning_budget import BudgetState, TagMatcher
+
+    state = BudgetState(10**9, TagMatcher([[7]]), TagMatcher([[9]]), [5, 9],
+                        pieces=[b"x"] * 16)
+    for token in (7, 1):  # opens, then counts down
+        state.accept(token)
+    assert state.force_now()
+    state.accept(2)  # sampled before the force: not the message's first token
+    forced = []
+    while (token := state.forced_token()) is not None:
+        forced.append(token)
+        state.accept(token)
+    assert forced == [5, 9] and not state.active
+    assert not state.force_now()  # done: nothing to end

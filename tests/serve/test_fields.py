@@ -124,7 +124,8 @@ TABLE: dict[str, Case] = {
     "chat_parser": case("inert", {"chat_parser": "x"}),
     "continue_final_message": case("inert", {"continue_final_message": True}),
     "echo": case("inert", {"echo": True}),
-    "reasoning_control": case("inert", {"reasoning_control": True}),
+    "reasoning_control": case("honored", {}, proof="test:serve.test_control."
+                                                   "test_reasoning_end_forces_the_budget_end"),
     "reasoning_budget_tokens": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
     "reasoning_budget_start_tag": case("honored", {}, proof=f"test:{BUDGET_PROOF}"),
     "reasoning_budget_end_tags": case("honored", {},

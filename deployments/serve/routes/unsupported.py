@@ -20,8 +20,6 @@ NOT_SUPPORTED = {
     "/v1/reranking": "reranking is not supported by mlxray (it serves no reranking models)",
     "/audio/transcriptions": "audio input is not supported by mlxray (text-only models)",
     "/v1/audio/transcriptions": "audio input is not supported by mlxray (text-only models)",
-    "/v1/chat/completions/control": "the reasoning control route is not supported by mlxray "
-                                    "yet (issue #36)",
 }
 
 
