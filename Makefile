@@ -18,8 +18,9 @@ BACKEND_PACKAGE_cpu := mlx-cpu
 BACKEND_PACKAGE_cuda := mlx-cuda-12
 BACKEND_PACKAGE_cuda13 := mlx-cuda-13
 
-# Ray 2.60 enables token auth by default; a local cluster runs without it.
-export RAY_AUTH_MODE ?= disabled
+# `make serve`'s cluster runs with Ray's token auth (the launcher sets RAY_AUTH_MODE=token and
+# makes ~/.ray/auth_token: deployments/cli/ray_auth.py); the test suite's cluster runs without it
+# (RAY_AUTH_MODE=disabled below; the tests that start the command check its auth themselves)
 export RAY_USAGE_STATS_ENABLED ?= 0
 
 .PHONY: install serve test compat lint bench screenshots clean
@@ -45,6 +46,7 @@ serve: install
 	$(PY) -m deployments.cli.launch $(CONFIG)
 
 # the compat manifest is validated (and its docs checked up to date) before the tests run
+test: export RAY_AUTH_MODE ?= disabled
 test: install
 	$(PY) -m compat.check
 	$(PY) -m compat.render --check

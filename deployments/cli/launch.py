@@ -19,6 +19,7 @@ block runs on another thread.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ from typing import Any, NoReturn
 import psutil
 import yaml
 
+from deployments.cli import ray_auth
 from deployments.serve import direct_ingress
 
 GRACE_S = 15.0  # for Serve to shut down on a joined cluster
@@ -150,6 +152,8 @@ def run(config: dict, serve_proxy: bool = False) -> NoReturn:
         sys.exit(1)
     served = direct_ingress.plan(config, serve_proxy)
     os.environ.update(served.env)  # before Ray is imported or started: every process reads it
+    if not os.environ.get("RAY_ADDRESS"):
+        own_cluster_setup()
     from ray.serve.schema import ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(served.config)
@@ -174,6 +178,22 @@ def run(config: dict, serve_proxy: bool = False) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1 if failure else 0)
+
+
+def own_cluster_setup() -> None:
+    """Before Ray is imported, for a cluster of the command's own: Ray's token auth
+    (deployments/cli/ray_auth.py), and a node address on loopback that stays there. On Linux
+    Ray turns a node address of 127.0.0.1 into the machine's own (services.
+    resolve_ip_for_localhost) unless it runs as it does on a Mac, where a cluster stays on
+    loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read once at import): then the GCS, the
+    raylet, the core workers, the agents and the stream channels listen on 127.0.0.1 only."""
+    ray_auth.for_own_cluster()
+    try:
+        loopback = ipaddress.ip_address(os.environ.get("MLXRAY_NODE_IP", "127.0.0.1")).is_loopback
+    except ValueError:  # a host name: the user's choice, left to Ray
+        loopback = False
+    if loopback:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def _own_port_taken(config: dict) -> str:
@@ -304,9 +324,10 @@ def _leave_joined_cluster() -> None:
         ray.shutdown()
 
 
-# Ray settings for a cluster the command starts (a variable already set wins): token auth off on
-# a local cluster, no usage reports, the HTTP proxy calling the ingress over Ray Serve's gRPC, by
-# value, as the graph's own handles do (GraphArgs.handle_transport: less CPU per streamed item),
+# Ray settings for a cluster the command starts (a variable already set wins; token auth is set
+# up in deployments/cli/ray_auth.py, for a cluster of the command's own only): no usage
+# reports, the HTTP proxy calling the ingress over Ray Serve's gRPC, by value, as the graph's
+# own handles do (GraphArgs.handle_transport: less CPU per streamed item),
 # and the replicas at the niceness of the command itself, as llama-server and mlx_lm.server run,
 # not Ray's 15 for workers (docs/performance.md, "Where the cost is").
 # Serve caps a gRPC message at 4 MiB, on the replica's server and on the caller's channel alike: a
@@ -314,7 +335,7 @@ def _leave_joined_cluster() -> None:
 # RESOURCE_EXHAUSTED. Every Serve process gets gRPC's own limit (the application's runtime_env
 # carries it too, for clusters the command does not start).
 GRPC_MESSAGE_ENV = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1)}
-CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+CLUSTER_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
                "RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_worker_niceness": "0", **GRPC_MESSAGE_ENV}
 
 

@@ -4,6 +4,10 @@ own, are signalled once healthy and must exit within 30 s, leaving none of the p
 started running. tests/processes.py knows those processes from the command's process tree, so
 the other Ray clusters of the machine (other test sessions, other servers) are never looked at.
 
+Both run as a user would start them, with Ray's token auth on (deployments/cli/ray_auth.py: the
+token file made, for its owner only, here under the test's folder): Ray's GCS refuses a call
+without the token and answers one with it.
+
 CI runs two patterns: SIGTERM twice to mlxray's whole process group (systemd's stop sends the
 group SIGTERM: the raylet and the GCS die with the command) and SIGINT to make serve's group
 (Ctrl-C in a terminal). mlxray runs as a production line would, over HTTPS (--ssl-key-file,
@@ -19,6 +23,7 @@ import ipaddress
 import os
 import signal
 import ssl
+import stat
 import sys
 import time
 from pathlib import Path
@@ -112,14 +117,79 @@ def assert_cluster_settings(started: list[psutil.Process]) -> None:
             assert env.get("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH") == str(2**31 - 1), title
 
 
+def assert_token_auth(started: list[psutil.Process], token_file: Path) -> None:
+    """The cluster runs with Ray's token auth: its token file is its owner's alone, and the
+    GCS (listening on every interface: docs/deploy.md) refuses a call without the token."""
+    import grpc
+
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    bearer = [("authorization", f"Bearer {token_file.read_text()}")]
+    (gcs,) = [p for p in started if "gcs_server" in " ".join(_cmdline(p))[:200]]
+    ports = {c.laddr.port for c in gcs.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    answers = {}
+    for port in ports:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            nodes = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetAllNodeInfo")
+            try:
+                nodes(b"", timeout=10)
+                answers[port] = "answered without the token"
+            except grpc.RpcError as exc:
+                answers[port] = exc.code().name
+            if answers[port] == "UNAUTHENTICATED":
+                assert nodes(b"", timeout=10, metadata=bearer) is not None
+    assert "UNAUTHENTICATED" in answers.values() and "answered without the token" not in \
+        answers.values(), answers
+
+
+def assert_only_serve_grpc_beyond_loopback(started: list[psutil.Process],
+                                           token_file: Path) -> None:
+    """Every listening socket of the cluster is on loopback but Serve's own gRPC server in each
+    replica (Ray Serve 2.60 binds it on [::], with no setting), and each of those refuses a call
+    without the token (docs/deploy.md, "Which ports open where")."""
+    import grpc
+
+    beyond, total = [], 0
+    for proc in started:
+        with contextlib.suppress(psutil.Error):
+            for c in proc.net_connections("tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    total += 1
+                    if not _loopback(c.laddr.ip):
+                        beyond.append((" ".join(proc.cmdline())[:60], c.laddr.port))
+    assert beyond and all(title.startswith("ray::ServeReplica") for title, _ in beyond), beyond
+    for title, port in beyond:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest")
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"", timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, (title, port)
+    print(f"\n{total} listening sockets, {len(beyond)} beyond loopback (Serve's replica gRPC)")
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, as Ray's servers bind
+    return (mapped or address).is_loopback
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize(("command", "sig", "target", "times"), PATTERNS,
                          ids=lambda v: str(v).replace(" ", "-"))
 def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, target, times):
     port = free_port()
-    # what the command must set itself (deployments/launch.CLUSTER_ENV) is not inherited
-    launched = Launched(command_line(command, port, tmp_path), REPO, own_cluster_env(),
-                        tmp_path / "out.log")
+    # what the command must set itself (deployments/launch.CLUSTER_ENV, its auth) is not
+    # inherited; the token file it makes goes under the test's folder, not ~/.ray
+    token_file = tmp_path / "ray" / "auth_token"
+    env = {k: v for k, v in own_cluster_env().items() if not k.startswith("RAY_AUTH")}
+    launched = Launched(command_line(command, port, tmp_path), REPO,
+                        {**env, "RAY_AUTH_TOKEN_PATH": str(token_file)}, tmp_path / "out.log")
     try:
         if command == "mlxray":  # HTTPS, the test's certificate trusted
             trust = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
@@ -130,6 +200,8 @@ def test_the_command_stops_and_leaves_nothing_running(tmp_path, command, sig, ta
         started = launched.alive()
         assert len(started) >= 5, describe(started)  # GCS, raylet, replicas, ...
         assert_cluster_settings(started)
+        assert_token_auth(started, token_file)
+        assert_only_serve_grpc_beyond_loopback(started, token_file)
         for i in range(times):
             if i:
                 time.sleep(1.0)
@@ -187,3 +259,22 @@ def test_its_own_cluster_is_asked_for_loopback_and_no_dashboard(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     launch._init_ray(launch.Signals())
     assert "_node_ip_address" not in asked[-1] and "include_dashboard" not in asked[-1]
+
+
+def test_its_own_cluster_is_set_up_for_token_auth_and_loopback(monkeypatch, tmp_path):
+    """Before Ray is imported: token auth, and Ray told to keep a loopback node address on
+    loopback (on Linux it would resolve 127.0.0.1 to the machine's address); a node address
+    the user names is left to Ray."""
+    from deployments.cli import launch
+
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "MLXRAY_NODE_IP",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    launch.own_cluster_setup()
+    assert os.environ["RAY_AUTH_MODE"] == "token" and (tmp_path / "token").exists()
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    monkeypatch.setenv("MLXRAY_NODE_IP", "10.0.0.5")
+    launch.own_cluster_setup()
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
