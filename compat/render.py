@@ -26,7 +26,9 @@ MEANING = {
     "supported": "served, and behaves as the reference but for the divergences it lists (each "
                  "with its reason)",
     "aliased": "served under another name that behaves the same",
-    "not_applicable": "refused with a clear diagnostic: it has no meaning here",
+    "not_applicable": "it has no meaning here: refused with a clear diagnostic, or (an option "
+                      "a command line gives for the hardware: -t, -fa, --mlock) accepted and "
+                      "reported at start with it",
     "by_design": "deliberately not served (router mode, /tools, /cors-proxy, a model kind mlx-lm "
                  "does not serve), for the reason given, until the condition given",
     "deferred": "not done yet: the issue named will do it; refused or not served until then",

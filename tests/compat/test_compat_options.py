@@ -8,8 +8,11 @@ from collections import Counter
 import pytest
 
 from deployments.cli import command as cli
+from deployments.cli import runtime
 
 from .bound import ENTRIES, HONORED, option_argv, params, parser_flags, spellings
+
+REPORTED = {note: dest for dest, note in runtime.NOTES.items()}  # claim -> the option's dest
 
 
 @pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and "claim" in e and
@@ -48,8 +51,13 @@ def test_one_way_option_refuses_the_other_way(entry):
             cli.parse([flag], {})
 
 
+def reported(entry: dict) -> bool:
+    """A not_applicable option the command accepts, reporting its claim at start."""
+    return entry["state"] == "not_applicable" and entry.get("claim") in REPORTED
+
+
 @pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and (
-    "claim" not in e or e["state"] == "not_applicable")))
+    "claim" not in e or e["state"] == "not_applicable") and not reported(e)))
 def test_refused_option_names_itself(entry):
     """Nothing is accepted and ignored: each spelling and the variable of an option mlxray does
     not honor stop the command at start, naming it with its reason (for not_applicable, the
@@ -68,13 +76,29 @@ def test_refused_option_names_itself(entry):
             assert reason == entry["claim"]
 
 
+@pytest.mark.parametrize("entry", params(lambda e: e["kind"] == "option" and reported(e)))
+def test_reported_option_says_why_at_start(entry):
+    """Nothing is accepted silently: each spelling (and the variable) of an option that has no
+    meaning here but that command lines give parses, and the command says at start, with the
+    manifest's claim, that it changes nothing."""
+    opt = HONORED[REPORTED[entry["claim"]]]
+    facts = entry["facts"]
+    given = [(option_argv(entry, flag), {}) for flag in spellings(entry)]
+    given += [([], {opt.env: facts.get("example", "1")})] if opt.env else []
+    for argv, environ in given:
+        ns = cli.parse(argv, environ)
+        shown = f" {facts['example']}" if facts.get("value") else ""
+        assert runtime.notes(ns, cli.HONORED) == [f"{opt.flags[-1]}{shown}: {entry['claim']}"]
+
+
 def test_every_option_the_command_knows_has_its_entry():
     """Both ways: each option the parser honors or refuses is one entry, spelled alike."""
     options = [e for e in ENTRIES if e["kind"] == "option"]
-    claimed = [e["claim"] for e in options if e.get("claim") in HONORED]
+    claimed = [REPORTED[e["claim"]] if reported(e) else e["claim"] for e in options
+               if e.get("claim") in HONORED or reported(e)]
     assert sorted(claimed) == sorted(HONORED)
     refused = [(frozenset(spellings(e)), e["facts"].get("env")) for e in options
-               if e.get("claim") not in HONORED]
+               if e.get("claim") not in HONORED and not reported(e)]
     assert Counter(refused) == Counter((frozenset(u.flags), u.env) for u in cli.REFUSED)
     # and every flag the parser takes is a reference option's spelling or an addition's
     known = {f for e in options for f in spellings(e)}
