@@ -165,9 +165,7 @@ FIELDS: tuple[Field, ...] = (
     Field("n_keep", "int32", hard=(-1, INT32_MAX), policy="inert"),
     Field("n_discard", "int32", hard=(0, INT32_MAX), policy="inert"),
     Field("n_cmpl", "int32", aliases=("n",)),  # hard limit [1, n_parallel] set at parse time
-    Field("n_cache_reuse", "int32", hard=(0, INT32_MAX), policy="refused",
-          reason="KV-shift chunk reuse is not available on MLX KV caches; the prefix cache "
-                 "reuses the longest common prefix"),
+    Field("n_cache_reuse", "int32", hard=(0, INT32_MAX), policy="refused", issue=36),
     Field("t_max_predict_ms", "int64", hard=(-1, INT64_MAX)),
     Field("response_fields", "custom", parse=parse_response_fields),
     # the sampler table's rows, in their schema order (engine/sampler_fields.py)

@@ -26,8 +26,9 @@ TENSOR_SPLIT = ("the ranks of a sharded model get even parts (mlx-lm's split): -
                 "many, --shard-mode (or -sm layer|row) how")
 MAIN_GPU = ("rank 0 of a sharded model runs in the model replica, on its device; Ray places the "
             "other ranks")
-KV_SHIFT = ("KV-shift chunk reuse is not available on MLX KV caches; the prefix cache reuses the "
-            "longest common prefix")
+KV_SHIFT = ("reusing cached chunks after the common prefix needs their keys re-rotated to new "
+            "positions (llama.cpp's K-shift), which mlx-lm's caches do not do yet (issue #36); "
+            "the prefix cache reuses the longest common prefix")
 YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
         "the model's config.json instead")
 ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
