@@ -76,9 +76,33 @@ def chat_body(body: dict, model) -> tuple[dict, ChatSyntax]:
     if model.chat.thinks:  # the template's reasoning tags, over the client's
         native.update(reasoning_budget_start_tag=syntax.think_start,
                       reasoning_budget_end_tags=[syntax.think_end])
+        _reasoning_budget(body, native)
         if "json_schema" not in native:
             native["generation_prompt"] = tail
     return native, syntax
+
+
+def _lenient_int(body: dict, key: str, default: int) -> int:
+    """json_value(body, key, default) for an int: a value that does not convert is the
+    default."""
+    try:
+        return default if body.get(key) is None else to_int(body[key])
+    except ValueError:
+        return default
+
+
+def _reasoning_budget(body: dict, native: dict) -> None:
+    """On a template with reasoning tags, as the reference: reasoning_budget_tokens, else
+    thinking_budget_tokens (what /v1/messages makes of thinking.budget_tokens), each read
+    leniently; -1 or neither leaves the server's default (--reasoning-budget). The message is
+    always passed on (none by default), so that an expired budget forces the end tag."""
+    native.setdefault("reasoning_budget_message", "")
+    budget = _lenient_int(body, "reasoning_budget_tokens",
+                          _lenient_int(body, "thinking_budget_tokens", -1))
+    if budget == -1:
+        native.pop("reasoning_budget_tokens", None)
+    else:
+        native["reasoning_budget_tokens"] = budget
 
 
 def _top_logprobs(value: Any) -> int:

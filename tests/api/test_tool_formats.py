@@ -210,3 +210,31 @@ def test_enable_thinking_must_be_boolean(endpoints):
     assert err.value.code == 400
     assert err.value.message == ('invalid type for "enable_thinking" (expected boolean, got '
                                  'string)')
+
+
+
+def test_messages_thinking_budget_is_the_reasoning_budget(engine, endpoints):
+    """/v1/messages' thinking.budget_tokens reaches the chat route as thinking_budget_tokens,
+    which a template with reasoning tags reads as the reasoning budget where no
+    reasoning_budget_tokens is sent (the reference's server-common.cpp): the reasoning stops
+    after that many tokens (the generation prompt's newline after <think> is the first), the end
+    tag is forced and the answer goes on as content."""
+    from deployments.api.protocols.anthropic import to_chat
+
+    model = endpoints("qwen35_xml")
+    request = {"messages": USER, "max_tokens": 8, "temperature": 0}
+
+    def message(body: dict) -> dict:
+        return answer(engine, model, body)["choices"][0]["message"]
+
+    def thinking(budget: int) -> dict:
+        return to_chat({**request, "thinking": {"type": "enabled", "budget_tokens": budget}})
+
+    free = message(to_chat(request))
+    four = message(thinking(4))
+    assert four == message({**request, "reasoning_budget_tokens": 4})
+    assert free["content"] == "" and free["reasoning_content"] == "# XXX note that"
+    assert four["reasoning_content"] == "# " and four["content"] == "col to the p"
+    six = message({**request, "reasoning_budget_tokens": 6})
+    assert message({**thinking(4), "reasoning_budget_tokens": 6}) == six != four  # its own wins
+    assert message({**request, "thinking_budget_tokens": -1}) == free  # the server's default
