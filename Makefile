@@ -50,7 +50,7 @@ test: export RAY_AUTH_MODE ?= disabled
 test: install
 	$(PY) -m compat.check
 	$(PY) -m compat.render --check
-	$(PY) -m pytest -q -p no:warnings
+	$(PY) -m pytest -q -rs -p no:warnings
 
 # rewrite the manifest shards canonically, then regenerate docs/llama-server-compat.md and README
 compat: install

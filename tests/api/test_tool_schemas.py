@@ -40,7 +40,8 @@ def compiles(grammar: str) -> None:
     assert not failed, messages
 
 
-@pytest.mark.parametrize("agent", ["claude-code.json", "codex.json"])
+@pytest.mark.parametrize("agent", ["claude-code.json", "claude-code-tool-search.json",
+                                   "codex.json"])
 @pytest.mark.parametrize("fmt", sorted(MARKERS))
 def test_agents_tool_lists_build_in_every_format(agent, fmt):
     tools = agent_tools(agent)
