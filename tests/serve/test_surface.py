@@ -4,7 +4,9 @@ save/restore/erase), /metrics, the API key, CORS, and the routes mlxray does not
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
+import re
 import time
 
 import httpx
@@ -59,7 +61,8 @@ def test_props_values(client):
         k: v for k, v in reference.items() if k not in own}
     assert props["model_path"].endswith("models/tiny-python")
     assert props["media_marker"].startswith("<__media_") and len(props["media_marker"]) == 44
-    assert props["build_info"] == "b10621-c1d0e7a"
+    assert props["build_info"] == f"b10621-mlxray-{importlib.metadata.version('mlxray')}"
+    assert re.fullmatch(r"b(\d+)-(\S+)", props["build_info"]).group(1) == "10621"
 
 
 # " return" opens the budget, "\n" ends it; "def main():\n" greedily goes on "    return codecs"
