@@ -54,13 +54,16 @@ def infill_vocab(vocab) -> InfillVocab | None:
 def chain_processor(p: SamplingParams, seed: int, breakers: Breakers | None,
                     infill: InfillVocab | None) -> LogitsProcessor | None:
     """The steps of ``p.samplers`` that change anything, or None. Mirostat replaces the chain
-    (its temperature is the sampler's); at a zero temperature only the steps before it that can
-    move the top candidate matter, the draw being greedy."""
+    (its temperature is the sampler's); at a zero temperature the draw is greedy, so only the
+    steps before it up to the last that can move the top candidate matter: those that only cut
+    the tail (top_k, top_p, min_p, ...) still shape what such a step sees (XTC keeps the least
+    likely of the candidates left), and after it they change nothing."""
     if p.mirostat:
         return None
     if p.temperature <= 0.0 and "temperature" in p.samplers:
         before = p.samplers[: p.samplers.index("temperature")]
-        p = replace(p, samplers=[name for name in before if name in ARGMAX_MOVING])
+        moving = [i for i, name in enumerate(before) if name in ARGMAX_MOVING]
+        p = replace(p, samplers=before[: moving[-1] + 1] if moving else [])
     steps = make_steps(p, random.Random(seed), breakers, infill)
     if not steps:
         return None

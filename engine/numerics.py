@@ -9,8 +9,9 @@ undefined there). Here no step produces a NaN:
 - a processor's result is capped at the largest float32 (``cap``): a logit pushed to +inf is
   "certain" and stays comparable, one pushed to -inf is banned;
 - a logit already at -inf stays there whatever is subtracted from it (``subtract``);
-- a temperature scales logits shifted so that the best is 0 (``scale``): a zero temperature keeps
-  the best, an infinite one makes every remaining candidate equal, a tiny one cannot overflow.
+- a temperature divides the logits as llama.cpp's does (``scale``), but where that would
+  overflow it scales them shifted so that the best is 0: a zero temperature keeps the best, an
+  infinite one makes every remaining candidate equal, a tiny one cannot overflow.
 """
 
 from __future__ import annotations
@@ -33,9 +34,14 @@ def subtract(logits: mx.array, penalty: mx.array) -> mx.array:
 
 
 def scale(logits: mx.array, temperature: mx.array | float) -> mx.array:
-    """``logits / temperature`` up to a shift (softmax does not see it): the best candidates
-    get 0, banned ones stay -inf, the rest ``(logit - best) / temperature``, which is -inf for a
-    zero temperature and 0 for an infinite one."""
+    """``logits / temperature`` exactly, as llama.cpp's temperature sampler divides (a later
+    repeat penalty reads the sign of what it gets); banned ones stay -inf. Where a row's quotient
+    would not be finite (a zero or tiny temperature), that row is shifted first so that the best
+    candidates get 0 and the rest ``(logit - best) / temperature``: -inf for a zero temperature,
+    never a NaN."""
+    banned = logits == NEG_INF
+    plain = logits / temperature
+    finite = mx.all(banned | (mx.abs(plain) <= FLT_MAX), axis=-1, keepdims=True)
     top = mx.max(logits, axis=-1, keepdims=True)
-    scaled = (logits - top) / temperature
-    return mx.where(logits == NEG_INF, NEG_INF, mx.where(logits >= top, 0.0, scaled))
+    shifted = mx.where(logits >= top, 0.0, (logits - top) / temperature)
+    return mx.where(banned, NEG_INF, mx.where(finite, plain, shifted))

@@ -108,7 +108,7 @@ def xtc_filter(probability: float, threshold: float, min_keep: int, rng: random.
         if rng.random() >= probability:
             return logits
         probs = mx.softmax(logits, axis=-1)
-        above = probs >= threshold
+        above = (probs >= threshold) & (logits > NEG_INF)  # the candidates left, as llama.cpp
         if int(mx.sum(above).item()) < 2:
             return logits
         weakest_kept = mx.min(mx.where(above, probs, 2.0), axis=-1, keepdims=True)

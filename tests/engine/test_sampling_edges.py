@@ -124,7 +124,11 @@ def test_scale_keeps_the_best_and_the_bans():
     logits = mx.array([[1.0, 3.0, float("-inf"), FLT_MAX]])
     assert scale(logits, 0.0).tolist() == [[float("-inf"), float("-inf"), float("-inf"), 0.0]]
     assert scale(logits, float("inf")).tolist() == [[0.0, 0.0, float("-inf"), 0.0]]
-    assert scale(mx.array([[1.0, 3.0]]), 2.0).tolist() == [[-1.0, 0.0]]
+    # a finite quotient is the reference's exact division (a later repeat penalty reads its sign)
+    assert scale(mx.array([[1.0, 3.0], [-2.0, 1.0]]), 2.0).tolist() == [[0.5, 1.5], [-1.0, 0.5]]
+    # a row that would overflow is shifted (the best 0, the far worse -inf), the others divided
+    assert scale(mx.array([[1.0, 3.0], [1e38, 1.0]]), 0.01).tolist() == [
+        [100.0, 300.0], [0.0, float("-inf")]]
 
 
 @pytest.mark.parametrize(("changes", "error"), [
