@@ -1,7 +1,8 @@
 """The disk prompt cache (--cache-disk) through served graphs: a prompt computed by one graph is
-read from the shared folder by a second graph running beside it (another replica of the node)
-and by the first graph deployed again (a restarted server); timings.cache_n, /slots and
-/metrics count the tokens read as cached, and /metrics has the disk tier's own counters."""
+read from the folder by the graph deployed again (a restarted server: new replicas, nothing in
+their RAM); timings.cache_n, /slots and /metrics count the tokens read as cached, and /metrics
+has the disk tier's own counters. Two engines on one folder at once: tests/engine/
+test_cache_disk.py (a third deployment here cost a minute and more on a loaded machine)."""
 
 from __future__ import annotations
 
@@ -42,16 +43,14 @@ def assert_read_from_disk(base: str, answer: dict, cold: dict) -> None:
     assert metrics["llamacpp:prompt_tokens_cached_total"] == n
 
 
-def test_a_second_graph_and_a_restarted_one_read_the_prompt_from_disk(serve_instance, tmp_path):
+def test_a_restarted_graph_reads_the_prompt_from_disk(serve_instance, tmp_path):
     args = {**ARGS, "cache_disk": str(tmp_path)}
     with dedicated_app(serve_instance, "cache_disk_a", args) as first:
         cold = complete(first)
         assert cold["tokens_evaluated"] > EAGER_TOKENS and cold["timings"]["cache_n"] == 0
         assert scrape(first)["mlxray:cache_disk_hits_total"] == 0
-        wait_for(lambda: any(NAME.match(p.name) for p in tmp_path.iterdir()), timeout=30,
+        wait_for(lambda: any(NAME.match(p.name) for p in tmp_path.iterdir()), timeout=120,
                  what="the prompt's cache file")
-        with dedicated_app(serve_instance, "cache_disk_b", args) as second:
-            assert_read_from_disk(second, complete(second), cold)
     with dedicated_app(serve_instance, "cache_disk_a", args) as restarted:
         assert_read_from_disk(restarted, complete(restarted), cold)
 
