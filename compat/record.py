@@ -36,13 +36,22 @@ def send(base: str, probe: dict) -> dict:
     ctype = ctype.split(";")[0].strip()
     answer: dict = {"status": status, "content_type": ctype}
     text = raw.decode("utf-8", errors="replace")
-    if ctype == "text/event-stream":
-        answer["events"] = [None if line == "data: null" else
-                            "[DONE]" if line == "data: [DONE]" else json.loads(line[6:])
-                            for line in text.splitlines() if line.startswith("data: ")]
-    else:
-        answer["body"] = json.loads(text) if text else None
+    if ctype == "text/event-stream":  # as compare.py parses it: a payload that is not JSON raw
+        answer["events"] = [_payload(line[6:]) for line in text.splitlines()
+                            if line.startswith("data: ")]
+        return answer
+    try:
+        answer["body"] = json.loads(text)
+    except json.JSONDecodeError:
+        answer["text"] = text
     return answer
+
+
+def _payload(data: str) -> object:
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError:
+        return {"__raw__": data}
 
 
 def main(argv: list[str]) -> int:

@@ -196,15 +196,14 @@ class OaiContext:
     protocol: str = ""  # "responses" or "messages": the chat answer converted (protocols/)
 
 
-def oai_usage(ev: FinalEvent, details: bool = True) -> dict:
-    out: dict[str, Any] = {
+def oai_usage(ev: FinalEvent) -> dict:
+    """usage_json_oaicompat: the answer's and the stream's last chunk's alike."""
+    return {
         "completion_tokens": ev.n_predicted,
         "prompt_tokens": ev.n_prompt,
         "total_tokens": ev.n_predicted + ev.n_prompt,
+        "prompt_tokens_details": {"cached_tokens": ev.timings.cache_n},
     }
-    if details:
-        out["prompt_tokens_details"] = {"cached_tokens": ev.timings.cache_n}
-    return out
 
 
 def finish_reason(ev: FinalEvent) -> str:
@@ -297,7 +296,7 @@ class OaiChatShape(OaiCompletionShape):
                                         "delta": {}}], chunk=True)]
         if self.ctx.include_usage:
             usage = _envelope(self.ctx, [], chunk=True)
-            usage["usage"] = oai_usage(ev, details=False)
+            usage["usage"] = oai_usage(ev)
             frames.append(usage)
         frames[-1]["timings"] = timings_json(ev.timings)
         if self.ctx.verbose:
