@@ -1,7 +1,9 @@
 """Bad input never breaks the server: a hypothesis property test and a schemathesis fuzz against
 the ingress's OpenAPI document, over /completion(s), /tokenize, /detokenize, /v1/completions and
-/v1/chat/completions, on a dedicated graph with a 64-token context (any generation ends fast)
-and a 64 KiB body limit.
+/v1/chat/completions, on a dedicated graph with a 64-token context (any generation ends fast),
+a 64 KiB body limit and the tool-calling template; and the agents' own requests
+(tests/fixtures/agents, recorded from Claude Code and Codex CLI by tests/serve/test_agents.py),
+their strings cut to 40 characters to fit the limit, on /v1/messages and /v1/responses.
 
 Random types, nulls, huge numbers, NaN, deep nesting, invalid UTF-8, unpaired surrogates, huge
 bodies and token ids out of range: no answer is a 5xx, every non-200 answer carries the error
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,7 +47,8 @@ FUZZ = settings(max_examples=CASES, deadline=None, derandomize=True, database=No
 
 @pytest.fixture(scope="module")
 def fuzz_app(serve_instance: int):
-    args = {"n_parallel": 4, "n_ctx": 64, "max_body_bytes": BODY_LIMIT}
+    args = {"n_parallel": 4, "n_ctx": 64, "max_body_bytes": BODY_LIMIT,
+            "chat_template_file": "models/tiny-python-tools.jinja"}
     with dedicated_app(serve_instance, APP, args) as base:
         yield base
         for kind, statuses in STATUSES.items():
@@ -127,6 +131,35 @@ raw_bodies = st.one_of(
 @given(route=st.sampled_from(ROUTES), content=raw_bodies)
 def test_raw_bodies(http, route, content):
     post("hypothesis raw bodies", http, route, content)
+
+
+# ---- the agents' requests ----------------------------------------------------------------------
+AGENTS = Path(__file__).resolve().parents[1] / "fixtures" / "agents"
+AGENT_REQUESTS = [json.loads(p.read_text()) for p in sorted(AGENTS.glob("*.json"))
+                  if p.name not in ("package.json", "package-lock.json")]
+
+
+def shortened(value: object) -> object:
+    if isinstance(value, str):
+        return value[:40]
+    if isinstance(value, list):
+        return [shortened(v) for v in value]
+    if isinstance(value, dict):
+        return {k: shortened(v) for k, v in value.items()}
+    return value
+
+
+SEEDS = [(r["path"], shortened(r["body"])) for r in AGENT_REQUESTS]
+
+
+def test_agent_requests_as_recorded(http):
+    """Each seed goes through the protocol's conversion, its tools and the template: what stops
+    it is the 64-token context."""
+    assert {path for path, _ in SEEDS} == {"/v1/messages", "/v1/responses"}
+    for path, body in SEEDS:
+        r = http.post(path, content=encode(body), headers={"content-type": "application/json"})
+        check_answer("agent requests", r.status_code, r.content)
+        assert assert_envelope(400, r.content)["type"] == "exceed_context_size_error", r.text
 
 
 def test_reference_500s_are_400_here(http):
