@@ -105,6 +105,7 @@ class GenerationRequest:
     # and whether that route may end this sequence's reasoning (the request's reasoning_control)
     completion_id: str = ""
     reasoning_control: bool = False
+    replica: str | None = None  # the model replica holding id_slot (its router sends it there)
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from deployments.api.config import GraphArgs, replica_ongoing_limit
 from deployments.serve.engines import EngineMaker
 from deployments.serve.ingress import Ingress
 from deployments.serve.replica import ModelReplica
+from deployments.serve.router import PINNED_ROUTER
 from deployments.serve.shaper import ResponseShaper
 from deployments.serve.status import StatusBoard, replica_deployment
 
@@ -60,7 +61,9 @@ def build_graph(config: GraphArgs, replica_options: dict[str, Any] | None = None
 def model_stack(config: GraphArgs, replica_options: dict[str, Any] | None, suffix: str,
                 engine: EngineMaker | None = None) -> tuple[Application, Application, GraphArgs]:
     """One model's shaper and replica deployments, and its settings, as the ingress takes them."""
-    options = {"max_ongoing_requests": replica_ongoing_limit(config), **(replica_options or {})}
+    # the pinning router unless the options name one: /metrics and /slots ask replica by replica
+    options = {"max_ongoing_requests": replica_ongoing_limit(config),
+               "request_router_config": PINNED_ROUTER, **(replica_options or {})}
     replica = ModelReplica.options(name="ModelReplica" + suffix, **options).bind(config, engine)
     shaper = ResponseShaper.options(name="ResponseShaper" + suffix,
                                     max_ongoing_requests=front_ongoing_limit(config))

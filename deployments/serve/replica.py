@@ -21,10 +21,15 @@ from deployments.serve import channel
 from deployments.serve.engines import EngineMaker, mlx_engine
 from deployments.serve.replica_adapters import AdapterError, ReplicaAdapters
 from deployments.serve.shards import Shards, start_leader
-from deployments.serve.status import engine_snapshot, start_reporting
+from deployments.serve.status import (
+    engine_snapshot,
+    replica_identity,
+    replica_rank,
+    start_reporting,
+)
 from engine import aio, device_choice
 from engine.seam import EngineLike
-from engine.types import EngineError, EngineEvent, GenerationRequest
+from engine.types import EngineError, EngineEvent, FinalEvent, GenerationRequest
 
 log = logging.getLogger("mlxray.replica")
 
@@ -38,6 +43,16 @@ def _log_to_serve() -> None:
         for handler in serve_log.handlers:
             ours.addHandler(handler)
         ours.propagate = False
+
+
+def _global_slot_ids(batch: list[EngineEvent], offset: int) -> list[EngineEvent]:
+    """An answer's ``id_slot`` as /slots numbers it: replica-major (deployments/serve/
+    replicas.py); unchanged on the first replica."""
+    if offset:
+        for event in batch:
+            if isinstance(event, FinalEvent):
+                event.id_slot += offset
+    return batch
 
 
 @serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)
@@ -110,10 +125,11 @@ class ModelReplica:
         except AdapterError as exc:
             yield [EngineError(str(exc)).to_event()]
             return
+        offset = replica_rank() * self.args.n_parallel  # this replica's global slot ids
         try:
-            yield first
+            yield _global_slot_ids(first, offset)
             async for batch in stream:
-                yield batch
+                yield _global_slot_ids(batch, offset)
         finally:
             # A client that went away reaches us as a CancelledError at a yield; closing the
             # engine stream now (not whenever it is garbage collected) cancels the group.
@@ -164,6 +180,20 @@ class ModelReplica:
 
     async def metrics(self) -> dict:
         return self._engine().metrics_snapshot()
+
+    async def ask(self, what: str, *args: object, replica: str | None = None) -> dict:
+        """``metrics``, ``slot_states`` or ``slot_action`` answered with who answers: the ingress
+        names the ``replica`` it means (the router sends the call there, deployments/serve/
+        router.py) and checks that it is the one that answered (deployments/serve/replicas.py)."""
+        if what not in ("metrics", "slot_states", "slot_action"):
+            raise ValueError(f"not askable: {what}")
+        identity = replica_identity()
+        if what == "slot_action" and replica not in (None, identity["replica"]):
+            # the slot's replica went away: another replica's slot must not be touched
+            return {"identity": identity, "answer": {"error": {
+                "message": "the replica holding this slot is gone", "code": 503,
+                "type": "unavailable_error"}}}
+        return {"identity": identity, "answer": await getattr(self, what)(*args)}
 
     async def slot_action(self, id_slot: int, action: str, path: str | None,
                           filename: str) -> dict:

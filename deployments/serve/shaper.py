@@ -21,8 +21,9 @@ from deployments.api.protocols import protocol_shape
 from deployments.api.schema import CompletionParams
 from deployments.api.shapes import NativeShape, OaiChatShape, OaiCompletionShape, OaiContext, dumps
 from deployments.api.tools.stream import ToolChatShape
-from deployments.serve import channel
+from deployments.serve import channel, replicas
 from deployments.serve.failures import from_failure
+from deployments.serve.status import status_board
 from deployments.serve.streams import close, coalesce, concat_lists
 from engine.types import ErrorEvent, FinalEvent, ProgressEvent, StartEvent, TokenEvent
 
@@ -37,13 +38,30 @@ class ResponseShaper:
         self.shared = channel.shared(args.stream_channel)
         self.replica = args.handle(replica).options(stream=not self.shared)
         self.model_name = args.model_name
+        self.n_parallel = args.n_parallel
+        self.board = status_board()
 
     def _events(self, params: CompletionParams, prompts: list[list[int]],
                 oai: OaiContext | None):
         """The replica's event batches for the request, converted to the engine's requests here
         (once: the replica gets engine/types.py's GenerationRequests); those that queue up while
-        we work arrive as one."""
+        we work arrive as one. A request naming a slot goes to the replica holding it."""
         requests = to_requests(params, prompts, oai.id if oai is not None else "")
+        if params.id_slot >= 0 and self.board is not None:
+            return self._pinned_events(params, requests)
+        return self._replica_events(params, requests)
+
+    async def _pinned_events(self, params: CompletionParams, requests: list):
+        await replicas.pin_to_slot(requests, params.id_slot, self.model_name, self.n_parallel,
+                                   self.board)
+        events = self._replica_events(params, requests)
+        try:
+            async for batch in events:
+                yield batch
+        finally:  # a client that left: the replica's stream ends now, not when collected
+            await close(events)
+
+    def _replica_events(self, params: CompletionParams, requests: list):
         replica = self.replica
         if params.multiplex_id:  # to a replica holding the request's on-demand adapter
             replica = replica.options(multiplexed_model_id=params.multiplex_id)

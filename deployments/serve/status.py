@@ -1,10 +1,11 @@
 """The graph's own status: every model replica's slots, queue and token counts in one place.
 
-``/slots`` and ``/metrics`` answer for whichever replica the router picks; the web page's status
-view needs them all. A Serve handle cannot address one replica, so each replica reports instead:
-a task on its event loop sends a small snapshot to the application's ``StatusBoard`` deployment
-once a second, and the ingress's ``GET /mlxray/status`` (mlxray's addition, not llama-server's)
-reads the board beside Ray Serve's own view of each deployment. It works with metrics off.
+Each replica reports: a task on its event loop sends a small snapshot to the application's
+``StatusBoard`` deployment once a second, and the ingress's ``GET /mlxray/status`` (mlxray's
+addition, not llama-server's) reads the board beside Ray Serve's own view of each deployment.
+It works with metrics off. The board is also the model's memory for ``/metrics``: which replicas
+are live (``live``), and every replica's last counters, kept after it went away (``count``), so
+that the sum over replicas never goes down (deployments/serve/replicas.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import ray
 from ray import serve
 from ray.serve.exceptions import RayServeException
+from ray.serve.handle import DeploymentHandle
 
 log = logging.getLogger("mlxray.status")
 
@@ -43,7 +45,17 @@ class ReplicaReport:
     tokens_predicted_total: int
     prompt_tokens_total: int
     prompt_tokens_cached_total: int
+    rank: int = 0  # Ray Serve's replica rank: the replica's place in the global slot ids
+    counters: dict[str, float] = field(default_factory=dict)  # the engine's, COUNTERS
     time: float = field(default_factory=time.time)
+
+
+# the engine's counters (engine/tasks.py), summed over a model's replicas for /metrics, but
+# n_tokens_max: the largest over them
+COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
+            "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
+            "n_busy_slots_total", "n_tokens_max", "cache_disk_hits_total",
+            "prompt_tokens_cache_disk_total")
 
 
 # every replica reports once a second: no access log line for each
@@ -55,9 +67,11 @@ class StatusBoard:
     def __init__(self) -> None:
         self.reports: dict[str, ReplicaReport] = {}
         self.history: dict[str, deque[tuple[float, int]]] = {}
+        self.ledger: dict[str, dict[str, dict[str, float]]] = {}  # model -> replica -> counters
 
     async def report(self, report: ReplicaReport) -> None:
         self.reports[report.replica] = report
+        self._remember(report.model, {report.replica: report.counters})
         now = time.time()
         self._forget(now)
         total = sum(r.tokens_predicted_total for r in self.reports.values()
@@ -77,9 +91,39 @@ class StatusBoard:
             entry["tokens_per_second"] = rates(list(self.history.get(name, ())))
         return models
 
+    async def live(self, model: str) -> list[dict]:
+        """The model's replicas that reported lately: replica, node and rank of each."""
+        self._forget(time.time())
+        return [{"replica": r.replica, "node": r.node, "rank": r.rank}
+                for r in self.reports.values() if r.model == model]
+
+    async def count(self, model: str, fresh: dict[str, dict[str, float]]) -> dict[str, float]:
+        """``fresh`` counters (replica -> counters, just asked) remembered, and the model's
+        totals over every replica it ever had, gone ones included."""
+        return sum_counters(self._remember(model, fresh).values())
+
+    def _remember(self, model: str, counters: dict[str, dict[str, float]]) -> dict:
+        """The largest value seen of each replica's counter: a late report cannot lower one."""
+        ledger = self.ledger.setdefault(model, {})
+        for replica, values in counters.items():
+            kept = ledger.setdefault(replica, {})
+            for key, value in values.items():
+                kept[key] = max(kept.get(key, value), value)
+        return ledger
+
     def _forget(self, now: float) -> None:
         for key in [k for k, r in self.reports.items() if r.time < now - STALE_AFTER_S]:
             del self.reports[key]
+
+
+def sum_counters(replicas) -> dict[str, float]:
+    """Counters summed over replicas; n_tokens_max the largest."""
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    for values in replicas:
+        for key in COUNTERS:
+            value = values.get(key, 0)
+            totals[key] = max(totals[key], value) if key == "n_tokens_max" else totals[key] + value
+    return totals
 
 
 def replica_deployment(model_name: str, named: bool) -> str:
@@ -108,6 +152,7 @@ def engine_snapshot(engine) -> dict:
               "task": s["task"] and {k: s["task"][k] for k in TASK_KEYS}}
              for s in engine.slot_states()]
     return {"pid": os.getpid(), "slots": slots, "n_deferred": engine.n_deferred,
+            "counters": {k: totals[k] for k in COUNTERS},
             **{k: totals[k] for k in ("tokens_predicted_total", "prompt_tokens_total",
                                       "prompt_tokens_cached_total")}}
 
@@ -135,8 +180,36 @@ def start_reporting(model: str, snapshot: Callable[[], dict | None]) -> asyncio.
                 continue
             try:
                 await board.report.remote(ReplicaReport(model=model, replica=replica, node=node,
-                                                        **values))
+                                                        rank=replica_rank(), **values))
             except Exception:  # noqa: BLE001 - the board restarts; the next second tries again
                 log.debug("status report failed", exc_info=True)
 
     return loop.create_task(report_forever())
+
+
+def status_board() -> DeploymentHandle | None:
+    """This application's board, from inside one of its replicas (None outside Ray Serve)."""
+    try:
+        return serve.get_deployment_handle(BOARD, serve.get_replica_context().app_name)
+    except RayServeException:
+        return None
+
+
+def replica_rank() -> int:
+    """This replica's rank (Ray Serve keeps a deployment's ranks 0..N-1 and may renumber them
+    as replicas come and go), 0 outside a replica."""
+    try:
+        rank = serve.get_replica_context().rank
+    except RayServeException:
+        return 0
+    return getattr(rank, "rank", rank) if rank is not None else 0
+
+
+def replica_identity() -> dict:
+    """Who answers: this replica's id, node and rank ("local", "", 0 outside Ray Serve)."""
+    try:
+        replica = serve.get_replica_context().replica_id.unique_id
+    except RayServeException:
+        return {"replica": "local", "node": "", "rank": 0}
+    return {"replica": replica, "node": ray.get_runtime_context().get_node_id(),
+            "rank": replica_rank()}

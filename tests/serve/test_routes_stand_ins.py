@@ -37,7 +37,7 @@ def ingress_over(replica, ready: bool, args=None):
     model.replica, model._ready, model.args = replica, ready, args
     ingress = object.__new__(IngressBase)
     ingress.models, ingress.by_name, ingress.args = [model], {}, args
-    ingress.api_keys = []
+    ingress.api_keys, ingress.board = [], None
     return ingress
 
 
@@ -57,12 +57,14 @@ def test_loading_is_503_on_every_route(handler):
 class _BusyReplica:
     """Every slot processing: what /slots?fail_on_no_slot=1 refuses."""
 
-    class _States:
-        async def remote(self):
-            return [{"id": i, "n_ctx": 2048, "is_processing": True, "task": None}
-                    for i in range(2)]
+    class _Ask:
+        async def remote(self, what):
+            assert what == "slot_states"
+            states = [{"id": i, "n_ctx": 2048, "is_processing": True, "task": None}
+                      for i in range(2)]
+            return {"identity": {"replica": "r", "node": "n", "rank": 0}, "answer": states}
 
-    slot_states = _States()
+    ask = _Ask()
 
 
 def test_fail_on_no_slot_is_503_when_all_slots_are_busy():
@@ -70,7 +72,8 @@ def test_fail_on_no_slot_is_503_when_all_slots_are_busy():
 
     from deployments.api.errors import ApiError
 
-    ingress = ingress_over(_BusyReplica(), True, SimpleNamespace(slots=True, api_key=None))
+    ingress = ingress_over(_BusyReplica(), True, SimpleNamespace(slots=True, api_key=None,
+                                                               n_parallel=2))
     request = SimpleNamespace(query_params={"fail_on_no_slot": "1"},
                               url=SimpleNamespace(path="/slots"), method="GET", headers={})
     with pytest.raises(ApiError) as err:

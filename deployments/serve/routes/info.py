@@ -16,11 +16,22 @@ from fastapi.responses import Response
 
 from deployments.api.config import BUILD_INFO
 from deployments.api.errors import ApiError, invalid
+from deployments.api.prometheus import (  # noqa: F401 - METRIC_HELP is read from here too
+    METRIC_HELP,
+    combined_values,
+    disk_metric_values,
+    exposition,
+    labelled_exposition,
+    metric_values,
+)
 from deployments.api.shapes import generation_settings
+from deployments.serve import replicas
 from deployments.serve.app import error_response, json_response, read_object
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
+from deployments.serve.status import COUNTERS, sum_counters
 from engine.gguf import is_gguf
 
+NO_REPLICA = "no replica of the model answered"
 MEDIA_MARKER = "<__media_" + "".join(
     secrets.choice(string.ascii_letters + string.digits) for _ in range(32)) + "__>"
 
@@ -38,7 +49,7 @@ async def props(ingress: IngressBase, request: Request) -> Response:
             "params": generation_settings(defaults, only_metrics=True),
             "n_ctx": args.n_ctx,
         },
-        "total_slots": args.n_parallel,
+        "total_slots": args.n_parallel * await replicas.replica_count(model, ingress.board),
         "model_alias": args.model_name,
         "model_ftype": info["ftype"],
         "model_path": args.model_path,
@@ -125,8 +136,8 @@ def _oai_entry(model: ModelEndpoint, info: dict, created: int, name: str) -> dic
 
 
 # ---- slots ---------------------------------------------------------------------------------
-def _slot_json(state: dict) -> dict:
-    out = {"id": state["id"], "n_ctx": state["n_ctx"], "speculative": False,
+def _slot_json(state: dict, global_id: int) -> dict:
+    out = {"id": global_id, "n_ctx": state["n_ctx"], "speculative": False,
            "is_processing": state["is_processing"]}
     task = state["task"]
     if task is None:
@@ -150,15 +161,27 @@ def _slot_json(state: dict) -> dict:
 
 
 async def slots(ingress: IngressBase, request: Request) -> Response:
+    """Every replica's slots, by global id (deployments/serve/replicas.py); with several
+    replicas each also names its ``replica`` and ``node``."""
     await ingress.guard(request)
     model = ingress.model_of(None, request)
     if not model.args.slots:
         raise ApiError("This server does not support slots endpoint. Start it with `--slots`",
                        "not_supported_error")
-    states = await model.replica.slot_states.remote()
-    if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in states):
+    answers = await replicas.ask_each(model, ingress.board, "slot_states")
+    if not answers:
+        raise ApiError(NO_REPLICA, "unavailable_error")
+    several = len(answers) > 1 or answers[0].place > 0
+    out = []
+    for answer in answers:
+        for state in answer.answer:
+            slot = _slot_json(state, answer.place * model.args.n_parallel + state["id"])
+            if several:
+                slot.update(replica=answer.replica, node=answer.node)
+            out.append(slot)
+    if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in out):
         raise ApiError("no slot available", "unavailable_error")
-    return json_response([_slot_json(s) for s in states])
+    return json_response(out)
 
 
 def _slot_file(model: ModelEndpoint, body: dict) -> tuple[str, str]:
@@ -204,95 +227,51 @@ async def slot_action(ingress: IngressBase, request: Request, id_slot: str) -> R
     if not model.args.slot_save_path:
         raise ApiError(SLOT_ACTIONS_OFF, "not_supported_error")
     path, filename = (None, "") if body is None else _slot_file(model, body)
-    answer = await model.replica.slot_action.remote(slot_id, action, path, filename)
+    answer = await _owner_does(ingress, model, slot_id, action, path, filename)
     if "error" in answer:
         err = answer["error"]
         return error_response(ApiError(err["message"], err["type"], err["code"]))
-    return json_response(answer["result"])
+    return json_response({**answer["result"], "id_slot": slot_id})
+
+
+async def _owner_does(ingress: IngressBase, model: ModelEndpoint, slot_id: int, action: str,
+                      path: str | None, filename: str) -> dict:
+    """The action done by the replica holding global slot ``slot_id``, on its local slot; the
+    file is that replica's node's (docs/deploy.md: a shared folder across nodes)."""
+    targets = await replicas.live(model.name, ingress.board)
+    if not targets:  # one replica, no board: its own slot ids
+        call = model.replica.ask.remote("slot_action", slot_id, action, path, filename)
+        return (await call)["answer"]
+    found = replicas.owner(targets, slot_id, model.args.n_parallel)
+    if found is None:
+        raise invalid("Invalid slot ID")
+    target, local = found
+    answer = await model.replica.ask.remote("slot_action", local, action, path, filename,
+                                            replica=target["replica"])
+    return answer["answer"]
 
 
 # ---- metrics -------------------------------------------------------------------------------
-# the reference's metrics in its order (counters, then gauges) with its help texts
-METRIC_HELP = {
-    "prompt_tokens_total": ("counter", "Number of prompt tokens processed."),
-    "prompt_tokens_cached_total": ("counter", "Number of prompt tokens taken from the cache."),
-    "prompt_seconds_total": ("counter", "Prompt process time"),
-    "tokens_predicted_total": ("counter", "Number of generation tokens processed."),
-    "tokens_predicted_seconds_total": ("counter", "Predict process time"),
-    "n_decode_total": ("counter", "Total number of llama_decode() calls"),
-    "n_tokens_max": ("counter", "Largest observed n_tokens."),
-    "spec_decode_num_draft_tokens_total": ("counter", "Number of speculative draft tokens."),
-    "spec_decode_num_accepted_tokens_total": ("counter",
-                                              "Number of accepted speculative draft tokens."),
-    "spec_decode_num_drafts_total": ("counter", "Number of speculative drafts."),
-    "prompt_tokens_seconds": ("gauge", "Average prompt throughput in tokens/s."),
-    "predicted_tokens_seconds": ("gauge", "Average generation throughput in tokens/s."),
-    "requests_processing": ("gauge", "Number of requests processing."),
-    "requests_deferred": ("gauge", "Number of requests deferred."),
-    "n_busy_slots_per_decode": ("gauge", "Average number of busy slots per llama_decode() call"),
-}
-# mlxray's own, after the reference's and only with --cache-disk: the default text stays its
-DISK_METRIC_HELP = {
-    "cache_disk_hits_total": ("counter", "Number of prompts whose cache was read from the disk "
-                                         "tier (--cache-disk)."),
-    "prompt_tokens_cache_disk_total": ("counter", "Number of prompt tokens read from the disk "
-                                                  "tier (counted in prompt_tokens_cached_total "
-                                                  "too)."),
-}
-
-
-def metric_values(m: dict) -> dict[str, float]:
-    """The reference's values from the engine's snapshot; the throughput gauges cover the time
-    since the previous scrape."""
-    return {
-        "prompt_tokens_total": m["prompt_tokens_total"],
-        "prompt_tokens_cached_total": m["prompt_tokens_cached_total"],
-        "prompt_seconds_total": m["prompt_seconds_total"],
-        "tokens_predicted_total": m["tokens_predicted_total"],
-        "tokens_predicted_seconds_total": m["tokens_predicted_seconds_total"],
-        "n_decode_total": m["n_decode_total"],
-        "n_tokens_max": m["n_tokens_max"],
-        "spec_decode_num_draft_tokens_total": 0,
-        "spec_decode_num_accepted_tokens_total": 0,
-        "spec_decode_num_drafts_total": 0,
-        "n_busy_slots_per_decode": m["n_busy_slots_total"] / max(1, m["n_decode_total"]),
-        "prompt_tokens_seconds": (m["bucket_prompt_tokens"] / m["bucket_prompt_seconds"]
-                                  if m["bucket_prompt_seconds"] > 0 else 0.0),
-        "predicted_tokens_seconds": (m["bucket_predicted_tokens"] / m["bucket_predicted_seconds"]
-                                     if m["bucket_predicted_seconds"] > 0 else 0.0),
-        "requests_processing": m["n_processing"],
-        "requests_deferred": m["n_deferred"],
-    }
-
-
-def exposition(values: dict[str, float], own: dict[str, float] | None = None) -> str:
-    """Prometheus text as the reference writes it: HELP, TYPE and the sample of each metric,
-    the value as C++'s ostream prints a double (%g: six significant digits); then mlxray's
-    ``own`` metrics, prefixed ``mlxray:``."""
-    lines = []
-    for prefix, helps, vals in (("llamacpp", METRIC_HELP, values),
-                                ("mlxray", DISK_METRIC_HELP, own or {})):
-        for name, (kind, help_text) in helps.items():
-            if name in vals:
-                lines += [f"# HELP {prefix}:{name} {help_text}",
-                          f"# TYPE {prefix}:{name} {kind}",
-                          f"{prefix}:{name} {float(vals[name]):g}"]
-    return "\n".join(lines) + "\n"
-
-
-def disk_metric_values(m: dict, cache_disk: str | None) -> dict[str, float]:
-    """The disk tier's counters, none without one."""
-    return {name: m.get(name, 0) for name in DISK_METRIC_HELP} if cache_disk else {}
-
-
 async def metrics(ingress: IngressBase, request: Request) -> Response:
+    """The model's metrics summed over its replicas (deployments/api/prometheus.py says how);
+    ``?per_replica=1``: one sample per live replica, labelled with its replica, node and rank."""
     await ingress.guard(request)
     model = ingress.model_of(None, request)
     if not model.args.metrics:
         raise ApiError("This server does not support metrics endpoint. Start it with "
                        "`--metrics`", "not_supported_error")
-    snapshot = await model.replica.metrics.remote()
-    text = exposition(metric_values(snapshot),
-                      disk_metric_values(snapshot, model.args.cache_disk))
+    answers = await replicas.ask_each(model, ingress.board, "metrics")
+    if not answers:
+        raise ApiError(NO_REPLICA, "unavailable_error")
+    fresh = {a.replica: {k: a.answer[k] for k in COUNTERS} for a in answers}
+    totals = (await ingress.board.count.remote(model.name, fresh)  # remembered, gone ones too
+              if ingress.board is not None else sum_counters(fresh.values()))
+    if request.query_params.get("per_replica"):
+        text = labelled_exposition([
+            ({"replica": a.replica, "node": a.node, "rank": str(a.rank)}, metric_values(a.answer))
+            for a in answers])
+    else:
+        text = exposition(combined_values(totals, [a.answer for a in answers]),
+                          disk_metric_values(totals, model.args.cache_disk))
     return Response(text, media_type="text/plain; version=0.0.4",
                     headers={"Process-Start-Time-Unix": str(int(ingress.started))})
