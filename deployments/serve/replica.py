@@ -182,10 +182,11 @@ class ModelReplica:
         return self._engine().metrics_snapshot()
 
     async def ask(self, what: str, *args: object, replica: str | None = None) -> dict:
-        """``metrics``, ``slot_states`` or ``slot_action`` answered with who answers: the ingress
-        names the ``replica`` it means (the router sends the call there, deployments/serve/
-        router.py) and checks that it is the one that answered (deployments/serve/replicas.py)."""
-        if what not in ("metrics", "slot_states", "slot_action"):
+        """``metrics``, ``slot_states``, ``slot_action`` or ``control`` answered with who answers:
+        the ingress names the ``replica`` it means (the router sends the call there,
+        deployments/serve/router.py) and checks that it is the one that answered
+        (deployments/serve/replicas.py)."""
+        if what not in ("metrics", "slot_states", "slot_action", "control"):
             raise ValueError(f"not askable: {what}")
         identity = replica_identity()
         if what == "slot_action" and replica not in (None, identity["replica"]):

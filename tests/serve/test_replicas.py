@@ -126,6 +126,19 @@ def test_every_slot_id_saves_and_restores_its_own_prompt(two):
         assert (beyond.status_code, beyond.json()["error"]["message"]) == (400, "Invalid slot ID")
 
 
+def test_control_finds_the_completion_on_either_replica(two):
+    """POST /v1/chat/completions/control asks every replica: four armed streams at once (spread
+    over both replicas by the router) each have their reasoning ended, wherever they run."""
+    from tests.serve.test_control import ARMED, ended_mid_stream
+
+    async def four() -> list:
+        return await asyncio.gather(*(ended_mid_stream(two, ARMED) for _ in range(4)))
+
+    for answer, text in asyncio.run(four()):
+        assert answer == {"success": True}
+        assert "</think>" in text
+
+
 def test_killed_replica_does_not_lower_a_counter(two):
     import ray
     from ray.serve._private.constants import SERVE_NAMESPACE

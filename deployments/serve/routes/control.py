@@ -2,7 +2,7 @@
 ends the reasoning of a running completion (its budget is spent at once: the reasoning budget
 message and end tag are forced next), as the reference's ``post_control`` does, with its answers:
 ``{"success": true}``, ``{"success": false, "message": ...}`` (200) or a 400 for a missing id or
-an unknown action. The completion is looked for on each of the model's replicas."""
+an unknown action. The completion is looked for on each of the model's live replicas."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from deployments.api.errors import invalid
+from deployments.serve import replicas
 from deployments.serve.app import json_response, read_json
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
+from engine.control import NO_COMPLETION, NOT_ARMED
 
 ACTIONS = ("reasoning_end",)
 
@@ -32,8 +34,14 @@ async def control(ingress: IngressBase, request: Request) -> Response:
         raise invalid("missing completion id")
     if action not in ACTIONS:
         raise invalid("unknown control action")
-    return json_response(await _ask(ingress.model_of(body, request), completion_id))
+    return json_response(await _ask(ingress, ingress.model_of(body, request), completion_id))
 
 
-async def _ask(model: ModelEndpoint, completion_id: str) -> dict:
-    return await model.replica.control.remote(completion_id)
+async def _ask(ingress: IngressBase, model: ModelEndpoint, completion_id: str) -> dict:
+    """Every live replica of the model is asked (deployments/serve/replicas.py): the one running
+    the completion answers for it; if none runs it, the reference's "no active completion"."""
+    answers = [a.answer for a in await replicas.ask_each(model, ingress.board, "control",
+                                                         completion_id)]
+    return next((a for a in answers if a.get("success")), None) or next(
+        (a for a in answers if a.get("message") == NOT_ARMED), None) or {
+        "success": False, "message": NO_COMPLETION}
