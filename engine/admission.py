@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from .batched_chain import BatchedDraw, batched_draw, with_batched_draw
 from .cache_snapshots import segments
 from .chain import chain_processor
 from .lora import adapter_key
@@ -127,13 +128,16 @@ class Admission:
 
     def _insert(self, task: Task, tokens: list[int], cache: list | None,
                 context: list[int]) -> None:
-        sampler, processors = self._chain(task)
+        sampler, processors, draw = self._chain(task)
+        if not is_shared(sampler):
+            guarded = _guarded_sampler(task, sampler)
+            sampler = guarded if draw is None else with_batched_draw(guarded, draw, sampler.rng)
         cache = cache if cache is not None else self.kv.fresh()
         uid = self._bg.insert_segments(
             [segments(tokens, [p - len(context) for p in task.snapshots])],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(context)],
-            samplers=[sampler if is_shared(sampler) else _guarded_sampler(task, sampler)],
+            samplers=[sampler],
             logits_processors=[[_guarded_processor(task, p) for p in processors]],
         )[0]
         task.uid = uid
@@ -163,9 +167,11 @@ class Admission:
                          prompt[:-1])
         parent.children = []
 
-    def _chain(self, task: Task) -> tuple[Callable, list]:
-        """The sequence's sampler and logits processors. With n_probs, a first processor records
-        the raw logits, or the sampler records the candidates after the draw (post-sampling)."""
+    def _chain(self, task: Task) -> tuple[Callable, list, BatchedDraw | None]:
+        """The sequence's sampler and logits processors, and the draw its settings share when
+        its chain can be drawn in one call with theirs (engine/batched_chain.py). With n_probs,
+        a first processor records the raw logits, or the sampler records the candidates after
+        the draw (post-sampling)."""
         sampling = task.req.sampling
         breakers = self._breakers(tuple(sampling.dry_sequence_breakers)) if (
             dry_active(sampling)) else None
@@ -194,8 +200,10 @@ class Admission:
         only_bias = sampling.logit_bias and len(processors) == 1 and sampling.n_probs == 0
         if sampler is greedy and only_bias:  # make_processors puts the bias first
             bias = tuple((t, b) for t, b in sampling.logit_bias)
-            return greedy_with_bias(bias, self.vocab.n_vocab), []
-        return sampler, processors
+            return greedy_with_bias(bias, self.vocab.n_vocab), [], None
+        alone = task.req.grammar or budget is not None  # processors outside the chain
+        return sampler, processors, None if alone else batched_draw(sampling, self.vocab.n_vocab,
+                                                                       self._draws)
 
     def _reasoning_budget(self, rb: ReasoningBudget) -> BudgetState:
         """Its processor goes before the others, as llama.cpp applies it before its chain; the

@@ -12,6 +12,7 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache
 
+from .batched_chain import draw_of, draw_rows
 from .lora import RowTable
 from .prefill_waves import wave_size
 from .types import EngineConfig
@@ -67,9 +68,80 @@ class _PromptBatch(PromptProcessingBatch):
 
 
 class _GenerationBatch(GenerationBatch):
+    """mlx-lm 0.32's decode step, with the sequences that share a batched draw
+    (engine/batched_chain.py) sampled in one call per draw; the others as mlx-lm samples
+    them. A sequence's first token is drawn in mlx-lm's own batch (PromptProcessingBatch's
+    ``generate``), by its per-sequence sampler, which moves the same key on."""
+
     def _step(self):
         with self.model.rows.bind(list(self.uids)):
-            return super()._step()
+            if not any(draw_of(s) for s in self.samplers):
+                return super()._step()
+            return self._grouped_step()
+
+    def _grouped_step(self):
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        inputs = self._current_tokens
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        sampled, logprobs, token_context = self._sample(inputs, logits)
+        self._next_tokens = sampled
+        self._next_logprobs = list(logprobs)
+        mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
+        mx.eval(inputs, self._current_logprobs)
+        inputs = inputs.tolist()
+        for sti, ti in zip(self.tokens, inputs):
+            sti.append(ti)
+        return inputs, self._current_logprobs
+
+    def _sample(self, inputs: mx.array, logits: mx.array):
+        """Tokens and normalized logits of every row, each batched draw's rows in one call."""
+        groups: dict[int, list[int]] = {}
+        alone: list[int] = []
+        for e, sampler in enumerate(self.samplers):
+            found = draw_of(sampler)
+            (groups.setdefault(id(found[0]), []) if found else alone).append(e)
+        parts = [self._draw_group(rows, logits) for rows in groups.values()]
+        token_context: list[mx.array] = []
+        if alone:
+            parts.append(self._sample_alone(alone, inputs, logits, token_context))
+        order = [e for rows, _, _ in parts for e in rows]
+        tokens = mx.concatenate([t for _, t, _ in parts])
+        logprobs = mx.concatenate([lp for _, _, lp in parts])
+        if order != list(range(len(order))):
+            back = mx.array(sorted(range(len(order)), key=order.__getitem__))
+            tokens, logprobs = tokens[back], logprobs[back]
+        return tokens, logprobs, token_context
+
+    def _draw_group(self, rows: list[int], logits: mx.array):
+        draw, _ = draw_of(self.samplers[rows[0]])
+        rngs = [draw_of(self.samplers[e])[1] for e in rows]
+        picked = logits if len(rows) == len(self.uids) else logits[mx.array(rows)]
+        tokens, logprobs = draw_rows(draw, picked, rngs)
+        return rows, tokens, logprobs
+
+    def _sample_alone(self, rows: list[int], inputs: mx.array, logits: mx.array,
+                      token_context: list[mx.array]):
+        """mlx-lm's own sampling of the rows no batched draw takes."""
+        processed = []
+        for e in rows:
+            row = logits[e : e + 1]
+            processors = self.logits_processors[e] or ()
+            if processors:
+                context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                token_context.append(context)
+                for processor in processors:
+                    row = processor(context, row)
+            processed.append(row)
+        rows_logits = mx.concatenate(processed, axis=0)
+        logprobs = rows_logits - mx.logsumexp(rows_logits, axis=-1, keepdims=True)
+        samplers = [self.fallback_sampler if self.samplers[e] is None else self.samplers[e]
+                    for e in rows]
+        if all(s is samplers[0] for s in samplers):
+            tokens = samplers[0](logprobs)
+        else:
+            tokens = mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)])
+        return rows, tokens, logprobs
 
 
 class AdaptedModel:

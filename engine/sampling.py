@@ -27,12 +27,18 @@ def greedy(logits: mx.array) -> mx.array:
     return mx.argmax(logits, axis=-1)
 
 
+def kth_largest(logits: mx.array, k: int) -> mx.array:
+    """Each row's k-th largest value (keepdims), by partition: the value a full sort puts
+    there, without sorting the vocabulary."""
+    at = logits.shape[-1] - k
+    return mx.partition(logits, at, axis=-1)[..., at : at + 1]
+
+
 def top_k_filter(k: int) -> Filter:
     def apply(logits: mx.array) -> mx.array:
         if k >= logits.shape[-1]:
             return logits
-        kth = mx.sort(logits, axis=-1)[..., -k][..., None]
-        return mx.where(logits >= kth, logits, NEG_INF)
+        return mx.where(logits >= kth_largest(logits, k), logits, NEG_INF)
 
     return apply
 
@@ -57,8 +63,7 @@ def min_p_filter(p: float, min_keep: int) -> Filter:
         threshold = top + mx.log(mx.array(p, dtype=logits.dtype))
         keep = logits >= threshold
         if min_keep > 1:
-            kth = mx.sort(logits, axis=-1)[..., -min(min_keep, logits.shape[-1])][..., None]
-            keep = keep | (logits >= kth)
+            keep = keep | (logits >= kth_largest(logits, min(min_keep, logits.shape[-1])))
         return mx.where(keep, logits, NEG_INF)
 
     return apply
@@ -283,4 +288,5 @@ def make_sampler(p: SamplingParams, seed: int, n_vocab: int,
             record(probs)
         return token
 
+    sample.rng = state  # type: ignore[attr-defined]  # engine/batched_chain.py moves it on too
     return sample

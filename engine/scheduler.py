@@ -75,6 +75,7 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
         self.n_cancelled = 0  # requests cancelled while queued or running
         self._breakers = lru_cache(maxsize=16)(self._dry_breakers)
         self._infill = infill_vocab(self.vocab)
+        self._draws: dict = {}  # the batched draws of this engine's thread (its MLX stream)
         self._task_ids = itertools.count(0)
         self.metrics = EngineMetrics()
 
