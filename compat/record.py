@@ -20,6 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from compat.answers import parse_answer
+
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "captures"
 
 
@@ -33,31 +35,13 @@ def send(base: str, probe: dict) -> dict:
             status, ctype, raw = r.status, r.headers.get("Content-Type", ""), r.read()
     except urllib.error.HTTPError as err:
         status, ctype, raw = err.code, err.headers.get("Content-Type", ""), err.read()
-    ctype = ctype.split(";")[0].strip()
-    answer: dict = {"status": status, "content_type": ctype}
-    text = raw.decode("utf-8", errors="replace")
-    if ctype == "text/event-stream":  # as compare.py parses it: a payload that is not JSON raw
-        answer["events"] = [_payload(line[6:]) for line in text.splitlines()
-                            if line.startswith("data: ")]
-        return answer
-    try:
-        answer["body"] = json.loads(text)
-    except json.JSONDecodeError:
-        answer["text"] = text
-    return answer
-
-
-def _payload(data: str) -> object:
-    try:
-        return json.loads(data)
-    except json.JSONDecodeError:
-        return {"__raw__": data}
+    return parse_answer(status, ctype, raw)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("base_url")
-    ap.add_argument("probes", help="a module with PROBES, e.g. tests.fixtures.probes_chain_grid")
+    ap.add_argument("probes", help="a module with PROBES, e.g. compat.probes.chain_grid")
     ap.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args(argv)

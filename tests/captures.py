@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from compat.answers import parse_answer
+
 TIMING_SUFFIXES = ("_ms", "_per_second", "_per_token_ms")
 PROB_KEYS = {"logprob", "prob"}
 GENERATED_IDS = {"id", "item_id", "call_id", "response_id"}
@@ -40,26 +42,6 @@ def send(client: httpx.Client, probe: dict) -> dict:
     resp = client.request(probe.get("method", "POST"), probe["path"], content=data,
                           headers=headers)
     return parse_answer(resp.status_code, resp.headers.get("content-type", ""), resp.content)
-
-
-def parse_answer(status: int, ctype: str, raw: bytes) -> dict:
-    out: dict[str, Any] = {"status": status, "content_type": ctype.split(";")[0].strip()}
-    text = raw.decode("utf-8", errors="replace")
-    if out["content_type"] == "text/event-stream":
-        events = []
-        for line in text.splitlines():
-            if line.startswith("data: "):
-                try:
-                    events.append(json.loads(line[6:]))
-                except json.JSONDecodeError:
-                    events.append({"__raw__": line[6:]})
-        out["events"] = events
-        return out
-    try:
-        out["body"] = json.loads(text)
-    except json.JSONDecodeError:
-        out["text"] = text
-    return out
 
 
 def _number(v: Any) -> bool:
