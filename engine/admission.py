@@ -131,7 +131,9 @@ class Admission:
         sampler, processors, draw = self._chain(task)
         if not is_shared(sampler):
             guarded = _guarded_sampler(task, sampler)
-            sampler = guarded if draw is None else with_batched_draw(guarded, draw, sampler.rng)
+            rng = getattr(sampler, "rng", None)  # a sampler of make_sampler's carries its key
+            sampler = guarded if draw is None or rng is None else with_batched_draw(
+                guarded, draw, rng)
         cache = cache if cache is not None else self.kv.fresh()
         uid = self._bg.insert_segments(
             [segments(tokens, [p - len(context) for p in task.snapshots])],

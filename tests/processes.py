@@ -20,13 +20,18 @@ import psutil
 
 from deployments.cli.launch import CLUSTER_ENV
 
+# what deployments/cli/launch.own_cluster_setup puts in the process's environment: a test that ran
+# it in this process must not hand it on (a second node refuses to join with it)
+OWN_CLUSTER_SETUP = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)
+
 
 def own_cluster_env() -> dict[str, str]:
     """The test's environment for a command that starts a Ray cluster of its own: no RAY_ADDRESS
     (the test session's cluster), no LLAMA_* variables, and none of the settings the command must
     set itself (deployments/launch.CLUSTER_ENV)."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV}
+            if not k.startswith(("RAY_ADDRESS", "LLAMA_")) and k not in CLUSTER_ENV
+            and k not in OWN_CLUSTER_SETUP}
 
 
 def _default_signals() -> None:
