@@ -18,11 +18,11 @@ from pathlib import Path
 
 import psutil
 
-from deployments.cli.launch import CLUSTER_ENV
+from deployments.cli.launch import CLUSTER_ENV, LOOPBACK_CLUSTER_ENV
 
 # what deployments/cli/launch.own_cluster_setup puts in the process's environment: a test that ran
 # it in this process must not hand it on (a second node refuses to join with it)
-OWN_CLUSTER_SETUP = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)
+OWN_CLUSTER_SETUP = (LOOPBACK_CLUSTER_ENV,)
 
 
 def own_cluster_env() -> dict[str, str]:

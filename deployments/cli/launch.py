@@ -180,6 +180,10 @@ def run(config: dict, serve_proxy: bool = False) -> NoReturn:
     os._exit(1 if failure else 0)
 
 
+# set by own_cluster_setup in the process environment, so that Ray keeps a node on loopback
+LOOPBACK_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def own_cluster_setup() -> None:
     """Before Ray is imported, for a cluster of the command's own: Ray's token auth
     (deployments/cli/ray_auth.py), and a node address on loopback that stays there. On Linux
@@ -193,7 +197,7 @@ def own_cluster_setup() -> None:
     except ValueError:  # a host name: the user's choice, left to Ray
         loopback = False
     if loopback:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault(LOOPBACK_CLUSTER_ENV, "0")
 
 
 def _own_port_taken(config: dict) -> str:
