@@ -1,12 +1,14 @@
-"""configs/cluster.yaml on a real Ray cluster of three nodes on this one machine
-(``ray.cluster_utils.Cluster``): a CPU-only head and two nodes that each advertise one
+"""configs/sharded.yaml, then configs/cluster.yaml, on one real Ray cluster of three nodes on this
+one machine (``ray.cluster_utils.Cluster``): a CPU-only head and two nodes that each advertise one
 ``mlx_device``, as two Macs would. Not collected by the suite (its name has no ``test_``):
 tests/serve/test_multinode.py runs it in its own process, apart from the suite's one-node cluster::
 
     python -m pytest tests/multinode_cluster.py
 
-The tests run in order on one cluster: placement, serving, prefix routing, a node removed while
-a stream runs on it, and a node added back.
+The tests run in order on one cluster (one start for both configs): the sharded replica's two
+ranks, one on each device node, serving; that application deleted, then configs/cluster.yaml's
+placement, serving, prefix routing, a node removed while a stream runs on it, and a node added
+back.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tests.conftest import MODEL, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((REPO / "configs" / "cluster.yaml").read_text())
+SHARDED = yaml.safe_load((REPO / "configs" / "sharded.yaml").read_text())
 DEVICE = {"mlx_device": 1}
 # The ingress and shaper stay on the head here, so that removing a device node takes only model
 # replicas with it (on real machines they may run anywhere: configs/cluster.yaml).
@@ -35,7 +38,7 @@ ON_HEAD = {"node:__internal_head__": 0.001}
 class Scene:
     def __init__(self, cluster, device_nodes: list, base: str):
         self.cluster = cluster
-        self.device_nodes = device_nodes
+        self.device_nodes = list(device_nodes)
         self.base = base
 
     def replicas(self) -> list[dict]:
@@ -86,37 +89,92 @@ def start_cluster(attempts: int = 3) -> tuple:
     raise AssertionError("unreachable")
 
 
-@contextmanager
-def serving(config_on_port: Callable[[int], dict]) -> Iterator[tuple]:
-    """(cluster, device nodes, base URL): ``start_cluster``'s nodes, Serve started on a free port
-    with ``config_on_port(port)`` deployed and healthy; everything stopped after."""
-    import ray
-    from ray import serve
-    from ray.serve._private import api as serve_api
-    from ray.serve._private.constants import SERVE_NAMESPACE
-    from ray.serve.schema import ServeDeploySchema
+class DeviceNodes:
+    """The three nodes and Serve on a free port (HTTP on the head only), for every config."""
 
-    cluster, nodes = start_cluster()
-    ray.init(address=cluster.address, namespace=SERVE_NAMESPACE, log_to_driver=False)
-    port = free_port()
-    schema = ServeDeploySchema.model_validate(config_on_port(port))
-    client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
-                                   proxy_location=schema.proxy_location)
-    client.deploy_apps(schema, _blocking=False)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, timeout=240)
-        yield cluster, nodes, base
-    finally:
+    def __init__(self):
+        import ray
+        from ray.serve._private import api as serve_api
+        from ray.serve._private.constants import SERVE_NAMESPACE
+
+        self.cluster, self.device_nodes = start_cluster()
+        ray.init(address=self.cluster.address, namespace=SERVE_NAMESPACE, log_to_driver=False)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.client = serve_api.serve_start(
+            http_options={"host": "127.0.0.1", "port": self.port}, proxy_location="HeadOnly")
+
+    @contextmanager
+    def serving(self, config_on_port: Callable[[int], dict]) -> Iterator[str]:
+        """``config_on_port(port)`` deployed and healthy; its applications deleted after."""
+        from ray import serve
+        from ray.serve.schema import ServeDeploySchema
+
+        config = config_on_port(self.port)
+        assert config["proxy_location"] == "HeadOnly"
+        self.client.deploy_apps(ServeDeploySchema.model_validate(config), _blocking=False)
+        try:
+            wait_healthy(self.base, timeout=240)
+            yield self.base
+        finally:
+            for app in config["applications"]:
+                serve.delete(app["name"])
+
+    def shutdown(self) -> None:
+        import ray
+        from ray import serve
+
         serve.shutdown()
         ray.shutdown()
-        cluster.shutdown()
+        self.cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
-def scene() -> Iterator[Scene]:
-    with serving(cluster_config) as (cluster, nodes, base):
-        yield Scene(cluster, nodes, base)
+def nodes() -> Iterator[DeviceNodes]:
+    cluster = DeviceNodes()
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def sharded_config(port: int) -> dict:
+    """configs/sharded.yaml as written, on this machine: the embedded model, 2 slots, the CPU."""
+    config = json.loads(json.dumps(SHARDED))
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    app = config["applications"][0]
+    app["args"].update(model=MODEL, n_parallel=2, n_ctx=2048, n_batch=64, device="cpu")
+    for deployment in app["deployments"]:
+        if deployment["name"] == "ModelReplica":
+            assert deployment["ray_actor_options"]["resources"] == DEVICE
+            assert app["args"]["shards"] == 2
+        else:
+            deployment["ray_actor_options"]["resources"] = ON_HEAD
+    return config
+
+
+def test_the_ranks_land_on_the_two_device_nodes_and_serve(nodes):
+    """configs/sharded.yaml: the model replica (rank 0) takes one device node's `mlx_device`;
+    its placement group asks for another for rank 1, which only the other device node has."""
+    from ray import serve
+
+    with nodes.serving(sharded_config) as base:
+        answer = httpx.post(base + "/completion", timeout=120, json={
+            "prompt": [5, 6, 7, 8, 9, 10], "n_predict": 12, "temperature": 0,
+            "ignore_eos": True, "return_tokens": True})
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["tokens"]) == 12
+        handle = serve.get_deployment_handle("ModelReplica", app_name="mlxray")
+        state = handle.engine_state.remote().result(timeout_s=30)
+        (rank,) = state["shard_states"]
+        assert {state["node"], rank["node"]} == {n.node_id for n in nodes.device_nodes}
+        assert rank["n_decode_total"] == state["n_decode_total"] > 0
+
+
+@pytest.fixture(scope="module")
+def scene(nodes: DeviceNodes) -> Iterator[Scene]:
+    with nodes.serving(cluster_config) as base:
+        yield Scene(nodes.cluster, nodes.device_nodes, base)
 
 
 def complete(base: str, prompt: str, n_predict: int = 16) -> dict:

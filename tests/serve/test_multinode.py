@@ -1,6 +1,7 @@
 """A real multi-node Ray cluster, in its own process: tests/multinode_cluster.py runs
-configs/cluster.yaml on three nodes (a CPU-only head, two nodes with one ``mlx_device`` each),
-apart from the suite's one-node cluster. This test passes only if every one of its tests does."""
+configs/sharded.yaml (one rank on each device node), then configs/cluster.yaml, on one cluster of
+three nodes (a CPU-only head, two nodes with one ``mlx_device`` each), apart from the suite's
+one-node cluster. This test passes only if every one of its tests does."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = "tests/multinode_cluster.py"
-N_SCENARIO_TESTS = 5
+N_SCENARIO_TESTS = 6
 
 
 @pytest.mark.heavy

@@ -2,8 +2,10 @@
 over TCP on this machine's CPU): greedy output token for token equal to mlx-lm's unsharded model,
 batched and streamed, split by layers (pipeline) and by heads (tensor); a rank killed mid-stream
 ends the stream with an error frame, fails the replica's health check, and Ray Serve brings a
-whole new replica (new ranks) up. The command line's --shards, --shard-mode and -sm. And, in a
-process of its own, configs/sharded.yaml on a cluster of two device nodes: one rank on each."""
+whole new replica (new ranks) up. The command line's --shards, --shard-mode and -sm.
+configs/sharded.yaml on a cluster of two device nodes (one rank on each) runs in
+tests/multinode_cluster.py, on the cluster that tests/serve/test_multinode.py starts in its own
+process."""
 
 from __future__ import annotations
 
@@ -13,8 +15,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -238,18 +238,3 @@ def test_config_refuses_what_a_sharded_replica_cannot_do(tmp_path):
     with pytest.raises(ValueError, match="shard_mode"):
         GraphArgs.model_validate({"shards": 2, "shard_mode": "row"})
     assert GraphArgs.model_validate({"shards": 2}).shard_mode == "pipeline"
-
-
-@pytest.mark.heavy
-def test_sharded_over_two_device_nodes():
-    """tests/sharded_cluster.py in its own process: configs/sharded.yaml on a three-node cluster
-    (a CPU-only head, two nodes with one mlx_device each) puts one rank on each device node."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/sharded_cluster.py", "-q", "-p", "no:warnings",
-         "-p", "no:cacheprovider", "-x"],
-        cwd=conftest.REPO, env=env, capture_output=True, text=True, timeout=400)
-    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert re.search(r"\b1 passed\b", summary), summary
