@@ -6,6 +6,7 @@ and steer the sampling until a request's own field overrides them."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments.cli import command as cli
 from tests.conftest import MODEL, REPO
+from tests.reliability import dedicated_app
 
 GGUF = REPO / "tests" / "fixtures" / "model.gguf"
 TEMPLATE_FILE = str(REPO / "models" / "tiny-python-tools.jinja")
@@ -253,10 +255,11 @@ SERVED_LINE = ("-m {m} -np 2 -c 1024 --top-k 1 --top-p 0.8 --min-p 0 --temp 0.9 
 
 
 @pytest.fixture(scope="module")
-def served(deploy_app) -> str:
+def served(serve_instance) -> Iterator[str]:
     argv = SERVED_LINE.format(m=MODEL).split()
     args = cli.serve_config(cli.parse(argv, {}))["applications"][0]["args"]
-    return deploy_app("cli-defaults", args)
+    with dedicated_app(serve_instance, "cli-defaults", args) as base:
+        yield base
 
 
 def test_sampling_defaults_reach_generation_settings(served):

@@ -28,6 +28,7 @@ import yaml
 
 from ..agent_model import ANSWER, build_agent_model
 from ..recording_proxy import RecordingProxy
+from ..reliability import dedicated_app
 
 REPO = Path(__file__).resolve().parents[2]
 AGENTS = REPO / "tests" / "fixtures" / "agents"
@@ -54,11 +55,12 @@ def agent_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def agent_graph(deploy_app, tmp_path_factory: pytest.TempPathFactory) -> str:
+def agent_graph(serve_instance, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """configs/agents.yaml's graph arguments, with the test model in place of the embedded one."""
     args = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
     model = build_agent_model(tmp_path_factory.mktemp("agent-model"))
-    return deploy_app("agents", {**args, "model": str(model)})
+    with dedicated_app(serve_instance, "agents", {**args, "model": str(model)}) as base:
+        yield base
 
 
 @pytest.fixture()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.conftest import MODEL
+from tests.reliability import dedicated_app
 
 AUTOSCALE_YAML = Path(__file__).resolve().parents[2] / "configs" / "autoscale.yaml"
 
@@ -76,12 +77,20 @@ PREFIX_ROUTER = {
 }
 
 
+@pytest.fixture()
+def prefix_app(serve_instance: int) -> Iterator[str]:
+    """Two replicas behind the prefix router, deleted after the test."""
+    options = {"num_replicas": 2, "request_router_config": PREFIX_ROUTER}
+    with dedicated_app(serve_instance, "prefix", {"n_parallel": 2, "n_ctx": 1024},
+                       options) as base:
+        yield base
+
+
 @pytest.mark.heavy
-def test_prefix_routing_sends_repeats_to_the_replica_holding_the_prefix(deploy_app):
+def test_prefix_routing_sends_repeats_to_the_replica_holding_the_prefix(prefix_app):
     """Two replicas: every repeat of a prompt lands where its prefix is cached (random routing
     would miss about half the time)."""
-    base = deploy_app("prefix", {"model": MODEL, "n_parallel": 2, "n_ctx": 1024},
-                      replica_options={"num_replicas": 2, "request_router_config": PREFIX_ROUTER})
+    base = prefix_app
     wait_all_loaded("prefix", 2)
     prompts = [f"{name} = {k}\n" * 12 + f"def {name}_f(x):\n"
                for k, name in enumerate(["alpha", "bravo", "charlie", "delta"])]
@@ -114,17 +123,25 @@ def test_prefix_router_keys_by_token_ids():
     assert extract(None, Pending()) is None  # ready(), model_info(): power of two choices
 
 
-@pytest.mark.heavy
-def test_autoscaling_goes_to_two_replicas_under_load_and_back(deploy_app):
-    """configs/autoscale.yaml's ModelReplica settings with max 2 replicas and short delays."""
+@pytest.fixture()
+def autoscale_app(serve_instance: int) -> Iterator[str]:
+    """configs/autoscale.yaml's ModelReplica settings with max 2 replicas and short delays,
+    deleted after the test."""
     replica = replica_section(autoscale_config())
     scaling = {**replica["autoscaling_config"], "min_replicas": 1, "initial_replicas": 1,
                "max_replicas": 2, "target_ongoing_requests": 1.5, "upscale_delay_s": 0.5,
                "downscale_delay_s": 2, "look_back_period_s": 1, "metrics_interval_s": 0.2}
     options = {"autoscaling_config": scaling, "max_ongoing_requests": 4,
                "request_router_config": PREFIX_ROUTER}
-    base = deploy_app("autoscale", {"model": MODEL, "n_parallel": 2, "n_ctx": 512},
-                      replica_options=options)
+    with dedicated_app(serve_instance, "autoscale", {"n_parallel": 2, "n_ctx": 512},
+                       options) as base:
+        yield base
+
+
+@pytest.mark.heavy
+def test_autoscaling_goes_to_two_replicas_under_load_and_back(autoscale_app):
+    """configs/autoscale.yaml's ModelReplica settings with max 2 replicas and short delays."""
+    base = autoscale_app
     assert running_replicas("autoscale") == 1
 
     async def load(stop: asyncio.Event) -> None:

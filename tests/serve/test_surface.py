@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import re
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from deployments.cli import command as cli
 from deployments.serve.routes import info, unsupported
 
 from ..conftest import MODEL
+from ..reliability import dedicated_app
 
 GREEDY = {"temperature": 0, "cache_prompt": False}
 KEY = "sesame"
@@ -26,13 +28,14 @@ LOCKED_ARGV = ["-m", MODEL, "-a", "locked", "-np", "2", "-c", "1024", "-b", "512
 
 
 @pytest.fixture(scope="module")
-def locked(deploy_app, tmp_path_factory) -> tuple[str, str]:
+def locked(serve_instance, tmp_path_factory) -> Iterator[tuple[str, str]]:
     """A second graph, the application the mlxray command builds from LOCKED_ARGV: API key,
     /slots and /metrics off, POST /props, slot files, embeddings (mean pooling), and the
     server-wide reasoning_format and reasoning budget."""
     folder = str(tmp_path_factory.mktemp("slots"))
     config = cli.serve_config(cli.parse([*LOCKED_ARGV, "--slot-save-path", folder], {}))
-    return deploy_app("locked", config["applications"][0]["args"]), folder
+    with dedicated_app(serve_instance, "locked", config["applications"][0]["args"]) as base:
+        yield base, folder
 
 
 def keyed(base: str, **headers) -> httpx.Client:

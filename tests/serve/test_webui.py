@@ -18,6 +18,7 @@ import pytest
 
 from ..conftest import MODEL, wait_for
 from ..local_graph import local_graph
+from ..reliability import dedicated_app
 
 KEY = "webui-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -26,8 +27,9 @@ WEBUI_ARGS = {"model": MODEL, "alias": "tiny-python", "n_parallel": 2, "n_ctx": 
 
 
 @pytest.fixture(scope="module")
-def webui_base(deploy_app) -> str:
-    return deploy_app("webui", WEBUI_ARGS)
+def webui_base(serve_instance) -> Iterator[str]:
+    with dedicated_app(serve_instance, "webui", WEBUI_ARGS) as base:
+        yield base
 
 
 # the routes' tests gain nothing from a model or Ray: the graph in-process, on the fake engine
