@@ -25,8 +25,11 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL = str(REPO / "models" / "tiny-python")
 CAPTURES = Path(__file__).resolve().parent / "fixtures" / "captures"
 
+# the reference's settings (../shared/reference/README.md), and Vertex AI's routes as
+# AIP_MODE=PREDICTION AIP_HEALTH_ROUTE=/aip/health give them (tests/serve/test_vertex.py)
 CONFORMANCE_ARGS = {"model": MODEL, "alias": "tiny-python", "n_parallel": 4, "n_ctx": 2048,
-                    "n_batch": 64, "metrics": True}
+                    "n_batch": 64, "metrics": True, "predict_route": "/predict",
+                    "health_route": "/aip/health"}
 
 
 def running_engine(n_parallel: int) -> Iterator:

@@ -57,7 +57,8 @@ PER_SEQUENCE_MS = 4.0
 MAX_INTERVAL_MS = 50.0
 # Settings of the whole application (the ingress's), never of one model: a ``models`` entry
 # may not set them, as llama-server's router keeps its API key from its model presets.
-APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui", "static_path")
+APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui", "static_path", "predict_route",
+            "health_route")
 # Calls other than generation (readiness, model info, slots) that must get through a full queue.
 CONTROL_HEADROOM = 16
 
@@ -173,6 +174,12 @@ class GraphArgs(BaseModel):
     static_path: str | None = Field(
         None, description="folder of static files served at / instead of the built-in page "
                           "(--path); index.html at /; off with webui: false, as the reference")
+    predict_route: str | None = Field(
+        None, pattern=r"^/", description="Vertex AI's predict route (AIP_MODE=PREDICTION: "
+                                         "AIP_PREDICT_ROUTE, /predict unset)")
+    health_route: str | None = Field(
+        None, pattern=r"^/", description="Vertex AI's health route, /health's twin "
+                                         "(AIP_HEALTH_ROUTE)")
     adapters: tuple[str | dict[str, Any], ...] = Field(
         (), description="mlx-lm adapter folders loaded at start (--lora, --lora-scaled): a path, "
                         "or {path, scale (1.0), name (the folder's name)}; LoRA adapters are "

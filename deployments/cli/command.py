@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from deployments.api import vertex
 from deployments.api.config import GraphArgs, replica_ongoing_limit
 from deployments.api.field_parsers import REASONING_FORMATS
 from deployments.cli import (
@@ -253,6 +254,10 @@ def parse(argv: Sequence[str], environ: dict[str, str]) -> argparse.Namespace:
             setattr(ns, opt.dest, DEFAULTS.get(opt.dest) if value is None else value)
         _check_only(opt, getattr(ns, opt.dest), argv, environ)
         _check_value(opt, getattr(ns, opt.dest), argv if from_flag else None)
+    # Vertex AI's prediction mode (AIP_MODE=PREDICTION): its routes, and its port over --port
+    ns.vertex_routes = vertex.routes_from_env(environ)
+    ns.port_given, aip_port = ns.port, vertex.port_from_env(environ)
+    ns.port = ns.port if aip_port is None else aip_port
     return ns
 
 
@@ -315,6 +320,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     fields.update(cli_url.model_fields(ns))
     fields.update(cli_lora.lora_fields(ns, ns.argv))
     fields.update(cli_url.static_fields(ns))
+    fields.update(getattr(ns, "vertex_routes", {}))
     fields.update(cli_shards.shard_fields(ns))
     fields.update(cli_template.template_fields(ns))
     fields.update(kv_fields(ns))
@@ -381,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli_runtime.configure_logging(ns)
     for note in cli_runtime.notes(ns, HONORED):
         logging.getLogger("mlxray").warning("accepted %s", note)
+    if ns.port != ns.port_given:
+        logging.getLogger("mlxray").warning("Google Cloud Platform compat: overriding server "
+                                            "port %d with AIP_HTTP_PORT %d", ns.port_given, ns.port)
     if ns.dump_config:
         yaml.safe_dump(config, sys.stdout, sort_keys=False)
         return

@@ -27,6 +27,7 @@ from deployments.serve.routes import (
     protocols,
     resume,
     unsupported,
+    vertex,
     webui,
 )
 
@@ -35,6 +36,10 @@ from deployments.serve.routes import (
 @serve.ingress(app)
 class Ingress(IngressBase):
     """ingress -> response shaper -> model replica; see deployments/serve/graph.py."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        vertex.check_routes(app, self.args.predict_route)
 
     @app.post("/completion", openapi_extra=openapi.body(openapi.COMPLETION))
     @app.post("/completions", openapi_extra=openapi.body(openapi.COMPLETION))
@@ -165,8 +170,8 @@ class Ingress(IngressBase):
         return await control.control(self, request)
 
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
-    # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools, /cors-proxy
-    # and the Vertex AI hooks are not mounted: they answer 404 as an unknown route.
+    # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools and /cors-proxy are not
+    # mounted: they answer 404 as an unknown route.
     @app.post("/infill")
     @app.post("/rerank")
     @app.post("/reranking")
@@ -177,10 +182,19 @@ class Ingress(IngressBase):
     async def not_supported(self, request: Request) -> Response:
         return await unsupported.not_supported(self, request)
 
-    # last: --path's files at any other GET path (an unknown route answers 404 as before)
+    # last: Vertex AI's health route (AIP_HEALTH_ROUTE: routes/vertex.py), else --path's files
+    # at any other GET path; Vertex AI's predict route at any other POST path (AIP_MODE=PREDICTION)
+    # (an unknown route answers 404 as before)
     @app.get("/{path:path}")
     async def static_file(self, request: Request, path: str) -> Response:
+        if vertex.is_health_route(self, path):  # not public: the reference asks for the key
+            self.check_key(request)
+            return await native.health(self, request)
         return await webui.static_file(self, request, path)
+
+    @app.post("/{path:path}")
+    async def predict(self, request: Request, path: str) -> Response:
+        return await vertex.predict_or_unknown(self, request, path)
 
     # ---- Python callers (a DeploymentHandle, no HTTP): see README "From Python" ---------------
     async def complete(self, body: dict) -> Any:
