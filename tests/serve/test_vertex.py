@@ -66,3 +66,8 @@ def test_a_predict_route_that_is_a_route_is_refused():
     check_routes(app, "/predict")
     with pytest.raises(ValueError, match="AIP_PREDICT_ROUTE=/completion conflicts"):
         check_routes(app, "/completion")
+
+
+def test_a_body_not_json_is_400(client):
+    r = client.post("/predict", content=b"{not json")
+    assert r.status_code == 400 and "parse error" in r.json()["error"]["message"]
