@@ -25,10 +25,13 @@ from typing import Any
 import yaml
 
 from deployments.api import vertex
-from deployments.api.config import GraphArgs, replica_ongoing_limit
+from deployments.api.config import GraphArgs
 from deployments.api.field_parsers import REASONING_FORMATS
 from deployments.cli import (
     lora as cli_lora,
+)
+from deployments.cli import (
+    models_dir as cli_models_dir,
 )
 from deployments.cli import (
     rope as cli_rope,
@@ -171,7 +174,7 @@ HONORED: tuple[Option, ...] = (
     *cli_sampling.options(Option),
     *cli_runtime.options(Option),
     *cli_rope.options(Option), *cli_shards.options(Option), *kv_options(Option),
-    *cli_url.options(Option),
+    *cli_url.options(Option), *cli_models_dir.options(Option),
 )
 
 
@@ -327,6 +330,9 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling
+    router = cli_models_dir.models_fields(ns, parallel, model_context)
+    if router:  # every model's own n_ctx: -c's split is made per model
+        return GraphArgs.model_validate({**fields, **router})
     # --dump-config with -mu: the file is not downloaded, its path is shown all the same
     pending = {"model_pending": bool(ns.model_url and ns.dump_config)}
     probe = GraphArgs.model_validate({k: v for k, v in fields.items() if k == "model"},
@@ -369,9 +375,7 @@ def serve_config(ns: argparse.Namespace) -> dict:
             "args": args,
             "deployments": [
                 {"name": "Ingress", "ray_actor_options": {"num_cpus": 0.1}},
-                {"name": "ResponseShaper", "ray_actor_options": {"num_cpus": 0.1}},
-                {"name": "ModelReplica", "max_ongoing_requests": replica_ongoing_limit(graph),
-                 "ray_actor_options": {"num_cpus": 0.5}},
+                *cli_models_dir.model_deployments(graph),
             ],
         }],
     }

@@ -31,8 +31,8 @@ KV_SHIFT = ("reusing cached chunks after the common prefix needs their keys re-r
             "the prefix cache reuses the longest common prefix")
 YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
         "the model's config.json instead")
-ROUTER = ("several models are a config's `models` list (configs/multi-model.yaml), set at deploy "
-          "time")
+ROUTER = ("--models-dir serves every model of its folder from the start, each its own replica "
+          "deployment: nothing is loaded or unloaded on demand yet (issue #30)")
 
 REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
@@ -51,7 +51,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--slot-prompt-similarity", "-sps"), None,
               "every slot shares the prefix cache: a request reuses the longest cached prefix "
               "whatever slot it gets"),
-    Unhonored(("--models-dir",), "LLAMA_ARG_MODELS_DIR", ROUTER),
     Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
     Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
     Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",

@@ -13,6 +13,7 @@ import yaml
 
 from deployments.api.config import GraphArgs
 from deployments.cli import command as cli
+from deployments.cli.refused import ROUTER
 from deployments.serve.endpoint import api_keys
 from tests.conftest import MODEL, REPO, free_port, wait_healthy
 from tests.processes import own_cluster_env
@@ -75,12 +76,11 @@ def test_unhonored_options_are_refused_by_name(argv, environ, named):
 
 def test_refusals_give_each_option_its_reason():
     with pytest.raises(cli.Refused) as refused:
-        cli.parse(["-ts", "1,1", "--models-dir", "/m"], {"LLAMA_ARG_NUMA": "distribute"})
+        cli.parse(["-ts", "1,1", "--models-max", "2"], {"LLAMA_ARG_NUMA": "distribute"})
     lines = str(refused.value).splitlines()
     assert lines[1:] == [
         f"  -ts: {cli.TENSOR_SPLIT}",
-        "  --models-dir: several models are a config's `models` list (configs/multi-model.yaml), "
-        "set at deploy time",
+        f"  --models-max: {ROUTER}",
         "  LLAMA_ARG_NUMA: MLX places its memory itself"]
 
 
