@@ -12,6 +12,7 @@ import threading
 from functools import lru_cache
 from typing import Any
 
+from .fim import fim_by_text, fim_from_metadata
 from .types import EngineError
 
 _SPM_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -35,7 +36,8 @@ def _byte_decoder() -> dict[str, int]:
 class Vocab:
     """Wraps a Hugging Face tokenizer with llama.cpp's tokenize/detokenize semantics."""
 
-    def __init__(self, hf_tokenizer, eos_token_ids: set[int] | None = None):
+    def __init__(self, hf_tokenizer, eos_token_ids: set[int] | None = None,
+                 fim_ids: dict[str, int] | None = None):
         self.hf = hf_tokenizer
         self.backend = getattr(hf_tokenizer, "backend_tokenizer", None) or getattr(
             hf_tokenizer, "_tokenizer", None
@@ -53,6 +55,10 @@ class Vocab:
             if getattr(added, "special", False):
                 self.special_ids.add(tid)
         self.pieces, self.special_pieces = self._build_pieces()
+        # FIM role (pre, suf, mid, pad, rep, sep) -> token id: engine/fim.py
+        self.fim_ids = {**fim_by_text(hf_tokenizer.get_vocab()), **(fim_ids or {})}
+        # llama.cpp ends generation at the FIM pad, repo and file-separator tokens too
+        self.eog_ids |= {self.fim_ids[r] for r in ("pad", "rep", "sep") if r in self.fim_ids}
         self._literal: Any = None  # _encoder(parse_special=False), made on first use
         self._literal_lock = threading.Lock()
 
@@ -185,7 +191,8 @@ def gguf_vocab(file) -> Vocab:
     """The tokenizer of an open GGUF file (engine/gguf/reader.py's GGUFFile)."""
     from .gguf.tokenizer import hf_tokenizer
 
-    return Vocab(*hf_tokenizer(file))
+    hf, eog = hf_tokenizer(file)
+    return Vocab(hf, eog, fim_from_metadata(lambda key: file.get(key, None), len(hf)))
 
 
 def _decoder_type(backend) -> str:

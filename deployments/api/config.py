@@ -92,6 +92,10 @@ class GraphArgs(BaseModel):
     n_batch: int = Field(ENGINE.n_batch, ge=1,
                          description="prefill chunk in tokens (llama-server -b)")
     n_predict: int = Field(-1, ge=-1, description="default token limit (llama-server -n)")
+    batch_size: int = Field(2048, ge=1, description="llama-server -b, the logical batch: "
+                            "/infill's prefix and suffix budgets read it")
+    spm_infill: bool = Field(False, description="/infill's Suffix/Prefix/Middle order "
+                             "(--spm-infill)")
     temperature: float = Field(0.8, description="default temperature (--temp; <= 0: greedy)")
     seed: int = Field(0xFFFFFFFF, ge=0, le=0xFFFFFFFF, description="default seed (--seed)")
     sampling: dict[str, Any] = Field(

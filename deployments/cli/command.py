@@ -136,6 +136,8 @@ HONORED: tuple[Option, ...] = (
     Option(("--slots",), "slots", "LLAMA_ARG_ENDPOINT_SLOTS", None, "serve /slots (default)",
            negative=("--no-slots",)),
     Option(("--props",), "props", "LLAMA_ARG_ENDPOINT_PROPS", None, "allow POST /props"),
+    Option(("--spm-infill",), "spm_infill", None, None,
+           "/infill in Suffix/Prefix/Middle order (default: Prefix/Suffix/Middle)"),
     Option(("--temp", "--temperature"), "temp", None, float,
            "default temperature (0.8; <= 0: greedy)"),
     Option(("-s", "--seed"), "seed", None, int, "default seed (-1: random)"),
@@ -306,6 +308,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "n_predict": ns.n_predict, "temperature": ns.temp,
                               "seed": SEED_RANDOM if ns.seed == -1 else ns.seed,
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
+                              "spm_infill": bool(ns.spm_infill), "batch_size": ns.batch_size,
                               "slots": ns.slots is not False, "cache_prompt": ns.cache_prompt
                               is not False, "alias": ns.alias, "api_key": ns.api_key,
                               "api_key_file": cli_runtime.api_key_file(ns),

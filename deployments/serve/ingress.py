@@ -21,6 +21,7 @@ from deployments.serve.routes import (
     adapters,
     control,
     embeddings,
+    infill,
     info,
     native,
     oai,
@@ -173,6 +174,9 @@ class Ingress(IngressBase):
     # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools and /cors-proxy are not
     # mounted: they answer 404 as an unknown route.
     @app.post("/infill")
+    async def fill_in_the_middle(self, request: Request) -> Response:
+        return await infill.infill(self, request)
+
     @app.post("/rerank")
     @app.post("/reranking")
     @app.post("/v1/rerank")

@@ -32,13 +32,13 @@ def test_flags_build_the_serve_config():
                         "-c", "4096", "-b", "64", "-n", "32", "--alias", "tiny", "--api-key",
                         "k", "--metrics", "--no-slots", "--props", "--temp", "0.5",
                         "--seed", "7", "--no-cache-prompt", "--embedding", "--pooling",
-                        "mean", "--slot-save-path", "/tmp/slots"])
+                        "mean", "--slot-save-path", "/tmp/slots", "--spm-infill"])
     assert config["http_options"] == {"host": "0.0.0.0", "port": 9001}
     assert app_args(config) == {
         "model": MODEL, "alias": "tiny", "n_parallel": 2, "n_ctx": 2048, "n_batch": 64,
         "n_predict": 32, "temperature": 0.5, "seed": 7, "cache_prompt": False, "metrics": True,
         "slots": False, "props": True, "api_key": "k", "slot_save_path": "/tmp/slots",
-        "embeddings": True, "pooling": "mean"}
+        "embeddings": True, "pooling": "mean", "spm_infill": True, "batch_size": 64}
     replica = config["applications"][0]["deployments"][2]
     # the graph's rule (deployments/api/config.py): 2 slots + a queue of 256 + 16 for control calls
     assert replica["name"] == "ModelReplica" and replica["max_ongoing_requests"] == 274

@@ -12,8 +12,6 @@ from deployments.serve.endpoint import IngressBase
 
 # route -> the reason shown to the client
 NOT_SUPPORTED = {
-    "/infill": "Infill is not supported by this model: prefix token is missing. "
-               "(mlxray does not serve fill-in-the-middle)",
     "/rerank": "reranking is not supported by mlxray (it serves no reranking models)",
     "/reranking": "reranking is not supported by mlxray (it serves no reranking models)",
     "/v1/rerank": "reranking is not supported by mlxray (it serves no reranking models)",
