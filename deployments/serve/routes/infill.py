@@ -9,10 +9,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from deployments.api.infill import InfillBudget, check_fim_tokens, check_infill_body, infill_prompt
-from deployments.serve.app import JSON, off_loop, read_json
+from deployments.serve.app import off_loop, read_json
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
-from deployments.serve.routes.native import prepare, stream
-from deployments.serve.routes.resume import conversation_of
+from deployments.serve.routes.native import answer, prepare
 
 
 def completion_body(model: ModelEndpoint, body: Any) -> dict:
@@ -30,7 +29,4 @@ async def infill(ingress: IngressBase, request: Request) -> Response:
     model = ingress.model_of(body, request)
     completion = await off_loop(completion_body, model, body)
     params, prompts = await off_loop(prepare, model, completion)
-    if params.stream:
-        return await stream(model, params, prompts, conversation_id=conversation_of(request))
-    status, payload = await model.shaper.complete.remote(params, prompts)
-    return Response(payload, status_code=status, media_type=JSON)
+    return await answer(model, params, prompts, request)

@@ -75,6 +75,12 @@ async def completion(ingress: IngressBase, request: Request) -> Response:
     body = await read_json(request, ingress.args.max_body_bytes)
     model = ingress.model_of(body, request)
     params, prompts = await off_loop(prepare, model, body)
+    return await answer(model, params, prompts, request)
+
+
+async def answer(model: ModelEndpoint, params: CompletionParams, prompts: list[list[int]],
+                 request: Request) -> Response:
+    """A prepared completion's response: SSE when it streams, else the shaper's JSON."""
     if params.stream:
         return await stream(model, params, prompts, conversation_id=conversation_of(request))
     status, payload = await model.shaper.complete.remote(params, prompts)
