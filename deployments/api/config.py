@@ -208,6 +208,9 @@ class GraphArgs(BaseModel):
     shard_mode: Literal["pipeline", "tensor"] = Field(
         "pipeline", description="how a sharded model is split: pipeline (whole layers per rank, "
                                 "llama-server -sm layer) or tensor (every layer's heads, -sm row)")
+    models_dir: str | None = Field(
+        None, description="the folder `models` was found in (mlxray --models-dir, llama-server's "
+                          "router mode): /models then answers as the reference's router")
     models: tuple[dict[str, Any], ...] = Field(
         (), description="several models in one application: each entry sets one model's keys "
                         "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "

@@ -86,7 +86,7 @@ def models_fields(ns: argparse.Namespace, parallel: int,
         if total and parallel >= 1:
             entry["n_ctx"] = max(8, total // parallel)
         entries.append(entry)
-    return {"model": entries[0]["model"], "models": entries}
+    return {"model": entries[0]["model"], "models": entries, "models_dir": ns.models_dir}
 
 
 def model_deployments(graph: GraphArgs) -> list[dict]:

@@ -48,6 +48,7 @@ def router_args(argv: list[str], environ: dict[str, str] | None = None) -> dict:
 
 def test_every_model_of_the_folder_is_named_as_the_reference_names_it(models_dir):
     args = router_args(["--models-dir", str(models_dir), "-c", "1024", "-np", "2"])
+    assert args["models_dir"] == str(models_dir)
     assert [(m["alias"], Path(m["model"]).name, m["n_ctx"]) for m in args["models"]] == [
         ("small", "small.gguf", 512), ("split", "m-00001-of-00002.gguf", 512),
         ("tiny-mlx", "tiny-mlx", 512)]
@@ -89,8 +90,12 @@ def served(serve_instance: int, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_each_model_of_the_folder_answers_by_its_name(served):
-    listed = served.get("/v1/models").json()["data"]
-    assert [m["id"] for m in listed] == ["small", "tiny-mlx"]
+    listed = served.get("/v1/models").json()
+    assert set(listed) == {"data", "object"}  # the router's body: no "models" list
+    assert [m["id"] for m in listed["data"]] == ["small", "tiny-mlx"]
+    for entry in listed["data"]:
+        assert (entry["status"], entry["source"], entry["can_remove"]) == (
+            {"value": "loaded", "args": []}, "models_dir", False)
     for name in ("small", "tiny-mlx"):
         answer = served.post("/completion", json={"prompt": "def f():", "n_predict": 2,
                                                   "model": name})

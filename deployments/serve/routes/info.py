@@ -94,11 +94,24 @@ async def models(ingress: IngressBase, request: Request) -> Response:
     created = int(time.time())
     named = [(model, info, name) for model, info in zip(ingress.models, infos)
              for name in (model.name, *(a.name for a in model.adapters.adapters))]
+    data = [_oai_entry(model, info, created, name) for model, info, name in named]
+    if ingress.args.models_dir:  # the reference's router: every model is listed with its state
+        return json_response({"data": [{**entry, **ROUTER_ENTRY} for entry in data],
+                              "object": "list"})
     return json_response({
         "models": [_ollama_entry(name, model) for model, _, name in named],
         "object": "list",
-        "data": [_oai_entry(model, info, created, name) for model, info, name in named],
+        "data": data,
     })
+
+
+# a --models-dir model's router fields: each is served from the start (issue #30)
+ROUTER_ENTRY = {
+    "status": {"value": "loaded", "args": []},
+    "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+    "source": "models_dir",
+    "can_remove": False,
+}
 
 
 def _ollama_entry(name: str, model: ModelEndpoint) -> dict:
