@@ -165,3 +165,24 @@ def test_embedded_model_answers_501(client):
                                   "Infill is not supported by this model: prefix token is "
                                   "missing. suffix token is missing. middle token is "
                                   "missing. "}}
+
+
+def test_gguf_metadata_ids_come_first():
+    from engine.fim import fim_from_metadata
+
+    meta = {"tokenizer.ggml.prefix_token_id": 5, "tokenizer.ggml.fim_suf_token_id": 6,
+            "tokenizer.ggml.fim_mid_token_id": 99}  # past the vocabulary: not a token
+    assert fim_from_metadata(meta.get, 10) == {"pre": 5, "suf": 6}
+
+
+def test_an_editor_shaped_request(fim_url):
+    """llama.vim's body (its samplers with infill, time limits, response_fields)."""
+    body = {"input_prefix": "import os\n", "input_suffix": "\n", "prompt": "    ",
+            "input_extra": [{"filename": "a.py", "text": "x = 1\n"}], "n_predict": 8,
+            "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.9, "stream": False,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+            "response_fields": ["content", "timings/prompt_n", "truncated"]}
+    r = httpx.post(f"{fim_url}/infill", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == {"content", "timings/prompt_n", "truncated"}
