@@ -25,6 +25,7 @@ from .reasoning_budget import (
     reasoning_budget_processor,
 )
 from .sampling import greedy, make_sampler
+from .speculative import argmax_only
 from .tasks import Slot, Task
 from .triggers import TriggerScanner
 from .types import ReasoningBudget, StartEvent
@@ -145,6 +146,10 @@ class Admission:
         task.uid = uid
         self._by_uid[uid] = task
         self.adapters.assign(uid, task.req.adapters)
+        if self.config.spec_type != "none" and argmax_only(
+                task.req.sampling, sampler,
+                bool(task.req.grammar) or task.req.reasoning_budget is not None):
+            self._bg._generation_batch.argmax_uids.add(uid)
 
     def _at_cut(self, task: Task, position: int) -> None:
         """A prompt segment was read: keep a snapshot there, start the n_cmpl children from the

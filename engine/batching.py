@@ -15,6 +15,7 @@ from mlx_lm.models.cache import BatchKVCache
 from .batched_chain import draw_of, draw_rows
 from .lora import RowTable
 from .prefill_waves import wave_size
+from .speculative import SpecConfig, SpecCounters, can_speculate, drafts_of, verify_step
 from .types import EngineConfig
 
 
@@ -24,9 +25,15 @@ def new_batch_generator(model: nn.Module, rows: RowTable, config: EngineConfig,
     ``n_batch`` tokens a step, each sequence's adapters bound for its rows."""
     rows.by_uid.clear()
     n = config.n_parallel
-    return without_wired_limit(AdaptedBatchGenerator(
+    generator = without_wired_limit(AdaptedBatchGenerator(
         model, rows, max_tokens=config.n_ctx, completion_batch_size=n, prefill_batch_size=n,
         prefill_step_size=config.n_batch, stream=stream))
+    if config.spec_type == "ngram-simple":
+        batch = generator._generation_batch
+        batch.spec = SpecConfig(
+            config.spec_ngram_size_n, config.spec_ngram_size_m, config.spec_draft_n_max)
+        batch.counters = SpecCounters()
+    return generator
 
 
 def without_wired_limit(generator: BatchGenerator) -> BatchGenerator:
@@ -71,7 +78,52 @@ class _GenerationBatch(GenerationBatch):
     """mlx-lm 0.32's decode step, with the sequences that share a batched draw
     (engine/batched_chain.py) sampled in one call per draw; the others as mlx-lm samples
     them. A sequence's first token is drawn in mlx-lm's own batch (PromptProcessingBatch's
-    ``generate``), by its per-sequence sampler, which moves the same key on."""
+    ``generate``), by its per-sequence sampler, which moves the same key on. With n-gram
+    speculation on (engine/speculative.py), a step whose rows draft verifies them all at once
+    and answers several tokens per row."""
+
+    spec: SpecConfig | None = None
+    counters: SpecCounters = SpecCounters()
+    argmax_uids: set[int]  # the sequences that may speculate (AdaptedBatchGenerator sets it)
+
+    def filter(self, keep: list[int]):
+        super().filter(keep)
+        self.argmax_uids.intersection_update(self.uids)
+
+    def next(self):
+        if self.spec is None or not can_speculate(self):
+            return super().next()
+        current = self._next_tokens.tolist()
+        drafts = drafts_of(self, current, self.spec)
+        if not any(drafts):
+            return super().next()
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        with self.model.rows.bind(list(self.uids)):
+            emitted, logprobs = verify_step(self, current, drafts, self.counters)
+        return self._responses(emitted, logprobs)
+
+    def _responses(self, emitted: list[list[int]], logprobs: list[list[mx.array]]):
+        """mlx-lm's per-token limits and stop tokens over each row's emitted tokens; a row
+        that finishes answers no further token."""
+        keep, responses = [], []
+        for i, (tokens, row_logprobs) in enumerate(zip(emitted, logprobs)):
+            for token, lp in zip(tokens, row_logprobs):
+                self._num_tokens[i] += 1
+                finish = "length" if self._num_tokens[i] >= self.max_tokens[i] else None
+                if self._matchers[i].advance(token):
+                    finish = "stop"
+                done = finish is not None
+                responses.append(self.Response(
+                    self.uids[i], token, lp, finish,
+                    self.extract_cache(i) if done else None, self.tokens[i] if done else None))
+                if done:
+                    break
+            else:
+                keep.append(i)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
 
     def _step(self):
         with self.model.rows.bind(list(self.uids)):
@@ -167,6 +219,7 @@ class AdaptedBatchGenerator(BatchGenerator):
         self._prompt_batch = _PromptBatch.empty(adapted, self.sampler,
                                                 prefill_step_size=self.prefill_step_size)
         self._generation_batch = _GenerationBatch.empty(adapted, self.sampler)
+        self._generation_batch.argmax_uids = set()
 
 
 class OpenBatchKVCache(BatchKVCache):

@@ -78,9 +78,9 @@ class Stepping:
                 if r.end_of_prompt or done < total - 1 or done % self.config.n_batch == 0:
                     self._emit(task, self._progress(task, task.n_cache + done))
         finished: list[Task] = []
-        for r in generation_responses:
+        for r in generation_responses:  # a speculative step answers several tokens a row
             task = self._by_uid.get(r.uid)
-            if task is None:
+            if task is None or task in finished:
                 continue
             try:
                 self._on_token(task, r.token)
