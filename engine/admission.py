@@ -149,7 +149,7 @@ class Admission:
         if self.config.spec_type != "none" and argmax_only(
                 task.req.sampling, sampler,
                 bool(task.req.grammar) or task.req.reasoning_budget is not None):
-            self._bg._generation_batch.argmax_uids.add(uid)
+            self._bg._generation_batch.argmax_uids[uid] = task.spec
 
     def _at_cut(self, task: Task, position: int) -> None:
         """A prompt segment was read: keep a snapshot there, start the n_cmpl children from the

@@ -15,14 +15,15 @@ from mlx_lm.models.cache import BatchKVCache
 from .batched_chain import draw_of, draw_rows
 from .lora import RowTable
 from .prefill_waves import wave_size
-from .speculative import SpecConfig, SpecCounters, can_speculate, drafts_of, verify_step
-from .types import EngineConfig
+from .speculative import SpecConfig, can_speculate, drafts_of, verify_step
+from .types import EngineConfig, SpecCounters
 
 
 def new_batch_generator(model: nn.Module, rows: RowTable, config: EngineConfig,
-                        stream: mx.Stream | None) -> BatchGenerator:
+                        stream: mx.Stream | None, counters: SpecCounters) -> BatchGenerator:
     """The engine's generator: every slot decodes in one batch, prompts are read
-    ``n_batch`` tokens a step, each sequence's adapters bound for its rows."""
+    ``n_batch`` tokens a step, each sequence's adapters bound for its rows; with
+    ``--spec-type ngram-simple``, speculative steps counted in ``counters``."""
     rows.by_uid.clear()
     n = config.n_parallel
     generator = without_wired_limit(AdaptedBatchGenerator(
@@ -30,9 +31,8 @@ def new_batch_generator(model: nn.Module, rows: RowTable, config: EngineConfig,
         prefill_step_size=config.n_batch, stream=stream))
     if config.spec_type == "ngram-simple":
         batch = generator._generation_batch
-        batch.spec = SpecConfig(
-            config.spec_ngram_size_n, config.spec_ngram_size_m, config.spec_draft_n_max)
-        batch.counters = SpecCounters()
+        batch.spec = SpecConfig(config.spec_ngram_size_n, config.spec_ngram_size_m)
+        batch.counters = counters
     return generator
 
 
@@ -84,11 +84,13 @@ class _GenerationBatch(GenerationBatch):
 
     spec: SpecConfig | None = None
     counters: SpecCounters = SpecCounters()
-    argmax_uids: set[int]  # the sequences that may speculate (AdaptedBatchGenerator sets it)
+    # the sequences that may speculate, with their own counters (AdaptedBatchGenerator sets it)
+    argmax_uids: dict[int, SpecCounters]
 
     def filter(self, keep: list[int]):
         super().filter(keep)
-        self.argmax_uids.intersection_update(self.uids)
+        for uid in set(self.argmax_uids) - set(self.uids):
+            del self.argmax_uids[uid]
 
     def next(self):
         if self.spec is None or not can_speculate(self):
@@ -100,7 +102,8 @@ class _GenerationBatch(GenerationBatch):
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         with self.model.rows.bind(list(self.uids)):
-            emitted, logprobs = verify_step(self, current, drafts, self.counters)
+            emitted, logprobs = verify_step(self, current, drafts, self.counters,
+                                           self.argmax_uids)
         return self._responses(emitted, logprobs)
 
     def _responses(self, emitted: list[list[int]], logprobs: list[list[mx.array]]):
@@ -219,7 +222,7 @@ class AdaptedBatchGenerator(BatchGenerator):
         self._prompt_batch = _PromptBatch.empty(adapted, self.sampler,
                                                 prefill_step_size=self.prefill_step_size)
         self._generation_batch = _GenerationBatch.empty(adapted, self.sampler)
-        self._generation_batch.argmax_uids = set()
+        self._generation_batch.argmax_uids = {}
 
 
 class OpenBatchKVCache(BatchKVCache):

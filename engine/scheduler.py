@@ -228,7 +228,7 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
 
     def _new_batch_generator(self) -> BatchGenerator:
         return new_batch_generator(self.loaded.model, self.adapters.rows, self.config,
-                                   self._stream)
+                                   self._stream, self.metrics.spec)
 
     def _cancel(self, group_id: int) -> None:
         found = False

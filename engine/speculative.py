@@ -20,7 +20,7 @@ from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
 from .penalties import dry_active, penalties_active
 from .sampling import greedy
-from .types import SamplingParams
+from .types import SamplingParams, SpecCounters
 
 
 @dataclass
@@ -29,29 +29,20 @@ class SpecConfig:
 
     size_n: int = 12  # --spec-ngram-simple-size-n: the n-gram looked up in the context
     size_m: int = 48  # --spec-ngram-simple-size-m: the tokens after it that are proposed
-    n_max: int = 16  # --spec-draft-n-max: draft tokens a step at most
 
 
-@dataclass
-class SpecCounters:
-    """The ``llamacpp:spec_decode_*`` counters."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-
-
-def ngram_draft(context: list[int], size_n: int, n_max: int) -> list[int]:
-    """The tokens that followed the latest earlier occurrence of the context's last ``size_n``
-    tokens (at most ``n_max``), or none."""
-    n = len(context)
-    if n_max <= 0 or n <= size_n:
+def ngram_draft(tokens: list[int], sampled: int, size_n: int, size_m: int) -> list[int]:
+    """llama.cpp's ``common_ngram_simple_draft``: the last ``size_n`` tokens (``sampled``, the
+    token not yet in the context, last) looked up backwards in ``tokens``, position 0 aside;
+    the tokens that followed the match (at most ``size_m``, at least ``size_n``), or none."""
+    n = len(tokens)
+    if n <= size_n + size_m + 1:
         return []
-    pattern = context[n - size_n:]
-    first = pattern[0]
-    for start in range(n - size_n - 1, -1, -1):
-        if context[start] == first and context[start:start + size_n] == pattern:
-            return context[start + size_n:start + size_n + n_max]
+    pattern = [*tokens[n - size_n + 1:], sampled]
+    for start in range(n - size_n - 1, 0, -1):
+        if tokens[start] == pattern[0] and tokens[start:start + size_n] == pattern:
+            copy = min(size_m, n - (start + size_n))
+            return tokens[start + size_n:start + size_n + copy] if copy >= size_n else []
     return []
 
 
@@ -72,8 +63,7 @@ def can_speculate(batch) -> bool:
 
 def drafts_of(batch, current: list[int], config: SpecConfig) -> list[list[int]]:
     """Each row's n-gram draft (maybe none)."""
-    limit = min(config.size_m, config.n_max)
-    return [ngram_draft(tokens + [token], config.size_n, limit)
+    return [ngram_draft(tokens, token, config.size_n, config.size_m)
             for tokens, token in zip(batch.tokens, current)]
 
 
@@ -108,10 +98,11 @@ def drop_rejected(caches: list, rejected: list[int]) -> None:
             c.left_padding = c.left_padding - drop
 
 
-def verify_step(batch, current: list[int], drafts: list[list[int]],
-                counters: SpecCounters) -> tuple[list[list[int]], list[list[mx.array]]]:
+def verify_step(batch, current: list[int], drafts: list[list[int]], counters: SpecCounters,
+                by_uid: dict[int, SpecCounters]) -> tuple[list[list[int]], list[list[mx.array]]]:
     """One forward pass over every row's current token and padded draft: each row's emitted
-    tokens (current plus accepted draft) with their logprobs; the batch's next tokens set."""
+    tokens (current plus accepted draft) with their logprobs; the batch's next tokens set.
+    The engine's counters and each row's own (``by_uid``) count the drafts."""
     width = max(len(d) for d in drafts)
     rows = [[t, *d, *[t] * (width - len(d))] for t, d in zip(current, drafts)]
     logits = batch.model(mx.array(rows), cache=batch.prompt_cache)
@@ -121,9 +112,9 @@ def verify_step(batch, current: list[int], drafts: list[list[int]],
     for e, draft in enumerate(drafts):
         n = accepted_length(draft, choices[e])
         if draft:
-            counters.drafts += 1
-            counters.draft_tokens += len(draft)
-            counters.accepted += n
+            counters.add(len(draft), n)
+            if batch.uids[e] in by_uid:
+                by_uid[batch.uids[e]].add(len(draft), n)
         token = choices[e][n]
         emitted.append([current[e], *draft[:n]])
         emitted_logprobs.append([batch._current_logprobs[e], *(logprobs[e, i] for i in range(n))])

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 from .adapter_folder import BASE_KEY
 from .text import TextState
-from .types import EngineConfig, EngineEvent, GenerationRequest, Timings, TokenProbs
+from .types import (
+    EngineConfig,
+    EngineEvent,
+    GenerationRequest,
+    SpecCounters,
+    Timings,
+    TokenProbs,
+)
 
 if TYPE_CHECKING:
     from .grammar import GrammarProcessor
@@ -50,6 +57,7 @@ class Task:
     # what the sampling chain recorded for the tokens in flight, oldest first: the raw logits
     # (pre-sampling probabilities) or the candidates' probabilities after the draw
     recorded: deque = field(default_factory=deque)
+    spec: SpecCounters = field(default_factory=SpecCounters)  # its speculative drafts
     t_start: float = 0.0
     t_prompt: float = 0.0
     t_first: float = 0.0
@@ -72,6 +80,8 @@ class Task:
             prompt_ms=max(0.0, (src.t_prompt - src.t_start) * 1e3) if src.t_prompt else 0.0,
             predicted_n=self.n_gen,
             predicted_ms=predicted_ms,
+            draft_n=self.spec.draft_tokens,
+            draft_n_accepted=self.spec.accepted,
         )
 
 
@@ -121,6 +131,7 @@ class EngineMetrics:
     bucket_predicted_seconds: float = 0.0
     cache_disk_hits_total: int = 0  # prompts whose cache was read from the disk tier
     prompt_tokens_cache_disk_total: int = 0  # the prompt tokens those read
+    spec: SpecCounters = field(default_factory=SpecCounters)  # speculative decoding's
 
     def on_disk_hit(self, n_tokens: int) -> None:
         self.cache_disk_hits_total += 1
@@ -150,7 +161,10 @@ class EngineMetrics:
             "n_busy_slots_total", "n_tokens_max", "bucket_prompt_tokens",
             "bucket_prompt_seconds", "bucket_predicted_tokens", "bucket_predicted_seconds",
             "cache_disk_hits_total", "prompt_tokens_cache_disk_total")}
-        out.update(n_processing=n_processing, n_deferred=n_deferred)
+        out.update(n_processing=n_processing, n_deferred=n_deferred,
+                   spec_decode_num_drafts_total=self.spec.drafts,
+                   spec_decode_num_draft_tokens_total=self.spec.draft_tokens,
+                   spec_decode_num_accepted_tokens_total=self.spec.accepted)
         if reset_bucket:
             self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0
             self.bucket_prompt_seconds = self.bucket_predicted_seconds = 0.0

@@ -117,6 +117,23 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    draft_n: int = 0  # speculative draft tokens, and how many were accepted (llama.cpp's
+    draft_n_accepted: int = 0  # timings carry both when a draft was made)
+
+
+@dataclass
+class SpecCounters:
+    """Speculative drafts, their tokens, and the tokens accepted: a sequence's, or the
+    engine's for /metrics' ``llamacpp:spec_decode_*`` counters."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+
+    def add(self, n_draft: int, n_accepted: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += n_draft
+        self.accepted += n_accepted
 
 
 @dataclass(slots=True)
@@ -255,7 +272,6 @@ class EngineConfig:
     cache_disk: str | None = None  # the prompt cache's disk tier: a folder (--cache-disk)
     cache_disk_mib: int = 16384  # its bound in MiB (--cache-disk-mib); -1: no limit
     spec_type: str = "none"  # --spec-type: "ngram-simple" drafts from the context (speculative.py)
-    spec_draft_n_max: int = 16  # --spec-draft-n-max
     spec_ngram_size_n: int = 12  # --spec-ngram-simple-size-n
     spec_ngram_size_m: int = 48  # --spec-ngram-simple-size-m
 

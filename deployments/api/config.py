@@ -133,6 +133,16 @@ class GraphArgs(BaseModel):
         ENGINE.cache_disk_mib, ge=-1,
         description="the disk tier's bound in MiB (--cache-disk-mib): least recently used "
                     "files are removed past it; -1 no limit")
+    spec_type: Literal["none", "ngram-simple"] = Field(
+        ENGINE.spec_type,
+        description="speculative decoding (--spec-type): ngram-simple drafts each greedy "
+                    "sequence's next tokens from its own context, verified in one batched pass")
+    spec_ngram_size_n: int = Field(
+        ENGINE.spec_ngram_size_n, ge=1, le=1024,
+        description="ngram-simple's lookup n-gram (--spec-ngram-simple-size-n)")
+    spec_ngram_size_m: int = Field(
+        ENGINE.spec_ngram_size_m, ge=1, le=1024,
+        description="ngram-simple's draft length at most (--spec-ngram-simple-size-m)")
     stream_interval_ms: float = Field(
         0.0, ge=0.0, le=1000.0,
         description="streams: after the first token, gather tokens for this long per item, "

@@ -51,9 +51,9 @@ def counter_values(m: dict) -> dict[str, float]:
         "tokens_predicted_seconds_total": m["tokens_predicted_seconds_total"],
         "n_decode_total": m["n_decode_total"],
         "n_tokens_max": m["n_tokens_max"],
-        "spec_decode_num_draft_tokens_total": 0,
-        "spec_decode_num_accepted_tokens_total": 0,
-        "spec_decode_num_drafts_total": 0,
+        "spec_decode_num_draft_tokens_total": m.get("spec_decode_num_draft_tokens_total", 0),
+        "spec_decode_num_accepted_tokens_total": m.get("spec_decode_num_accepted_tokens_total", 0),
+        "spec_decode_num_drafts_total": m.get("spec_decode_num_drafts_total", 0),
         "n_busy_slots_per_decode": m["n_busy_slots_total"] / max(1, m["n_decode_total"]),
     }
 

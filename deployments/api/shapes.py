@@ -20,7 +20,7 @@ FLT_MAX = 3.4028234663852886e38
 def timings_json(t: Timings) -> dict:
     prompt_n, predicted_n = t.prompt_n, t.predicted_n
     prompt_ms, predicted_ms = t.prompt_ms, t.predicted_ms
-    return {
+    out = {
         "cache_n": t.cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
@@ -33,6 +33,9 @@ def timings_json(t: Timings) -> dict:
             1e3 / predicted_ms * (predicted_n - 1) if predicted_n > 1 and predicted_ms > 0 else 0.0
         ),
     }
+    if t.draft_n > 0:  # server_slot_stats::to_json
+        out.update(draft_n=t.draft_n, draft_n_accepted=t.draft_n_accepted)
+    return out
 
 
 def generation_settings(p: CompletionParams, only_metrics: bool = False) -> dict:

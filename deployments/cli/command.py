@@ -63,6 +63,8 @@ from deployments.cli.refused import (  # noqa: F401 - the command's table
     refused_env,
     refused_flags,
 )
+from deployments.cli.speculative import options as spec_options
+from deployments.cli.speculative import spec_fields
 from engine import device_choice
 from engine.gguf import is_gguf
 
@@ -176,7 +178,7 @@ HONORED: tuple[Option, ...] = (
     *cli_sampling.options(Option),
     *cli_runtime.options(Option),
     *cli_rope.options(Option), *cli_shards.options(Option), *kv_options(Option),
-    *cli_url.options(Option), *cli_models_dir.options(Option),
+    *cli_url.options(Option), *cli_models_dir.options(Option), *spec_options(Option),
 )
 
 
@@ -330,6 +332,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     fields.update(cli_shards.shard_fields(ns))
     fields.update(cli_template.template_fields(ns))
     fields.update(kv_fields(ns))
+    fields.update(spec_fields(ns))
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling
