@@ -52,7 +52,7 @@ def json_lark(schema: Any) -> str:
     errors = refusals(schema)
     if errors:
         raise GrammarError("\n".join(errors))
-    normalized = _close_objects(schema)
+    normalized = _close_objects(_wide_integers_as_floats(schema))
     guidance = normalized.get("x-guidance")
     normalized["x-guidance"] = {**JSON_OPTIONS, **(guidance if isinstance(guidance, dict) else {})}
     failed, messages = _check(normalized)
@@ -72,8 +72,11 @@ def json_lark(schema: Any) -> str:
 def _check(schema: dict) -> tuple[bool, list[str]]:
     """llguidance's verdict, lenient: unimplemented keywords are warnings, not errors."""
     schema["x-guidance"] = {**schema["x-guidance"], "lenient": True}
-    return llguidance.LLMatcher.validate_grammar_with_warnings(
-        llguidance.LLMatcher.grammar_from_json_schema(schema))
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    except ValueError as exc:  # an integer past 64 bits: "Value is not JSON serializable: ..."
+        return True, [str(exc)]
+    return llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
 
 
 def _drop_patterns(node: Any) -> list[str]:
@@ -91,6 +94,18 @@ def _drop_patterns(node: Any) -> list[str]:
         for value in node.values():
             dropped += _drop_patterns(value)
     return dropped
+
+
+def _wide_integers_as_floats(node: Any) -> Any:
+    """A copy where an integer past 64 bits is a float, as nlohmann::json parses it (llguidance
+    takes no wider integer)."""
+    if isinstance(node, list):
+        return [_wide_integers_as_floats(v) for v in node]
+    if isinstance(node, dict):
+        return {k: _wide_integers_as_floats(v) for k, v in node.items()}
+    if isinstance(node, int) and not isinstance(node, bool) and not -2**63 <= node < 2**64:
+        return float(node)
+    return node
 
 
 def _close_objects(node: Any) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from deployments.serve.ingress import app as ingress_app
 from engine.types import BAD_OUTPUT_MESSAGE
 
 from ..reliability import assert_envelope, dedicated_app, engine_state, is_idle
+from .mutations import mutate
+from .test_tools import LOCAL as TOOLS_ARGS
 
 APP = "rel-fuzz"
 CASES = int(os.environ.get("MLXRAY_FUZZ_CASES", "200"))
@@ -160,6 +163,54 @@ def test_agent_requests_as_recorded(http):
         r = http.post(path, content=encode(body), headers={"content-type": "application/json"})
         check_answer("agent requests", r.status_code, r.content)
         assert assert_envelope(400, r.content)["type"] == "exceed_context_size_error", r.text
+
+
+MUTATIONS = max(CASES, 200)
+
+
+@pytest.fixture(scope="module")
+def tools_http(deploy_app):
+    """tests/serve/test_tools.py's graph (2,048 tokens of context, greedy): there a mutated
+    request that fits gets a few tokens generated, its answer shaped by the protocol."""
+    with httpx.Client(base_url=deploy_app("tools", TOOLS_ARGS), timeout=60) as client:
+        yield client
+
+
+def test_mutated_agent_requests(http, tools_http):
+    """Seeded mutations of the agents' requests (tests/serve/mutations.py), alternately on the
+    fuzz graph (64 KiB, 16 tokens a slot: refused before generation) and on the tools graph
+    (generated): no 5xx, and the envelope on every refusal."""
+    for i in range(MUTATIONS):
+        path, body = SEEDS[i % len(SEEDS)]
+        client = tools_http if i % 2 else http
+        content = encode(mutate(random.Random(i), path, body))
+        r = client.post(path, content=content, headers={"content-type": "application/json"})
+        check_answer("mutated agent requests", r.status_code, r.content)
+    assert tools_http.get("/health").status_code == 200
+
+
+# the minimal inputs of the 5xx the mutations found (issue #27), each with its answer
+MUTATION_FINDINGS = [
+    # an integer past 64 bits in a tool's schema made llguidance raise ValueError (500); it is
+    # a float now, as nlohmann::json parses it: refused where it is a bound, kept elsewhere
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [
+        {"name": "t", "input_schema": {"type": "object", "properties": {
+            "a": {"type": "array", "maxItems": 2**64}}}}]}, 400),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [
+        {"name": "t", "input_schema": {"type": "object", "properties": {
+            "a": {"type": "integer", "minimum": 10**30}}}}]}, 400),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [
+        {"name": "t", "input_schema": {"type": "object", "x-size": 2**70, "properties": {
+            "a": {"type": "string"}}}}]}, 200),
+]
+
+
+@pytest.mark.parametrize(("body", "status"), MUTATION_FINDINGS)
+def test_mutation_findings(tools_http, body, status):
+    r = tools_http.post("/v1/messages", content=encode(body))
+    assert r.status_code == status, r.text
+    if status != 200:
+        assert "JSON schema conversion failed" in assert_envelope(status, r.content)["message"]
 
 
 def test_reference_500s_are_400_here(http):
