@@ -114,11 +114,23 @@ async def read_body(request: Request, limit: int) -> bytes:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+# a body past this size is decoded on a worker thread (a 16 MiB one takes a second or more)
+DECODE_OFF_LOOP_BYTES = 64 * 1024
+
+
 async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON. A body that is not JSON is a 400 here (the reference answers 500), and
-    so are what the reference's parser refuses too: nesting deeper than Python can walk and
-    unpaired surrogates (\\udc80), which have no UTF-8 form."""
+    """The body as JSON, decoded off the event loop when it is large, so that other clients
+    (``/health`` among them) are answered meanwhile (issue #28)."""
     body = await read_body(request, limit)
+    if len(body) > DECODE_OFF_LOOP_BYTES:
+        return await off_loop(decode_json, body)
+    return decode_json(body)
+
+
+def decode_json(body: bytes) -> Any:
+    """A body that is not JSON is a 400 here (the reference answers 500), and so are what the
+    reference's parser refuses too: nesting deeper than Python can walk and unpaired surrogates
+    (\\udc80), which have no UTF-8 form."""
     try:
         value = json.loads(body, parse_constant=_no_constant)
         if _SURROGATE_ESCAPE.search(body):
