@@ -178,10 +178,10 @@ def cut_down(rng: random.Random, body: dict) -> dict:
     return body
 
 
-def mutate(rng: random.Random, path: str, body: dict) -> dict:
-    """A variant of ``body`` (which is left as it is)."""
+def mutate(rng: random.Random, path: str, body: dict, small: bool = False) -> dict:
+    """A variant of ``body`` (which is left as it is); a ``small`` one is always cut down."""
     body = copy.deepcopy(body)
-    if rng.random() < 0.4:
+    if small or rng.random() < 0.4:
         body = cut_down(rng, body)
     for _ in range(rng.randint(1, 3)):
         kind = rng.randrange(10)

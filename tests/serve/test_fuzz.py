@@ -165,7 +165,7 @@ def test_agent_requests_as_recorded(http):
         assert assert_envelope(400, r.content)["type"] == "exceed_context_size_error", r.text
 
 
-MUTATIONS = max(CASES, 200)
+MUTATIONS = CASES // 2
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +179,11 @@ def tools_http(deploy_app):
 def test_mutated_agent_requests(http, tools_http):
     """Seeded mutations of the agents' requests (tests/serve/mutations.py), alternately on the
     fuzz graph (64 KiB, 16 tokens a slot: refused before generation) and on the tools graph
-    (generated): no 5xx, and the envelope on every refusal."""
+    (cut down to the last message, so generated): no 5xx, and the envelope on every refusal."""
     for i in range(MUTATIONS):
         path, body = SEEDS[i % len(SEEDS)]
         client = tools_http if i % 2 else http
-        content = encode(mutate(random.Random(i), path, body))
+        content = encode(mutate(random.Random(i), path, body, small=client is tools_http))
         r = client.post(path, content=content, headers={"content-type": "application/json"})
         check_answer("mutated agent requests", r.status_code, r.content)
     assert tools_http.get("/health").status_code == 200
