@@ -1,0 +1,71 @@
+"""N-gram speculative decoding against plain decoding, on a repetition workload.
+
+``python -m bench.spec_ngram`` drives mlxray's ``Engine`` (no Ray) on the embedded model: the
+prompt is code to rewrite, given in the prompt (a block of the repository's source, twice, and the
+start of it a third time), decoded greedily for ``--tokens`` tokens by 1 and by ``--streams``
+sequences at once, with ``--spec-type ngram-simple`` and without. Prints
+``spec_ngram_vs_plain@N`` (wall-clock tokens per second, speculative over plain, the best of
+``--rounds``) and the acceptance rate (accepted over drafted tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from engine.model import load_model
+from engine.scheduler import Engine, EngineConfig
+from engine.types import FinalEvent, GenerationRequest, SamplingParams
+from tests.conftest import run_engine
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.spec_ngram", description=__doc__)
+    p.add_argument("--model", default="models/tiny-python")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--size-n", type=int, default=12)
+    p.add_argument("--size-m", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def rewrite_prompt(i: int) -> str:
+    source = Path("engine/speculative.py").read_text().splitlines()
+    block = "\n".join(source[20 + 7 * i:44 + 7 * i]) + "\n"
+    return block + "\n" + block + "\n" + block[: len(block) // 3]
+
+
+def run(engine: Engine, n: int, tokens: int) -> tuple[float, int]:
+    requests = [GenerationRequest(engine.vocab.tokenize(rewrite_prompt(i), add_special=True),
+                                  SamplingParams(temperature=0.0), n_predict=tokens,
+                                  cache_prompt=False, index=i) for i in range(n)]
+    t = time.perf_counter()
+    done = [e for e in run_engine(engine, *requests) if isinstance(e, FinalEvent)]
+    return sum(f.n_predicted for f in done) / (time.perf_counter() - t), len(done)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    loaded = load_model(args.model)
+    for n in (1, args.streams):
+        best: dict[str, float] = {}
+        for spec in ["none", "ngram-simple"] * args.rounds:
+            engine = Engine(loaded, EngineConfig(n_parallel=n, n_ctx=2048, n_batch=512,
+                                                 spec_type=spec, spec_ngram_size_n=args.size_n,
+                                                 spec_ngram_size_m=args.size_m))
+            engine.start()
+            try:
+                rate, _ = run(engine, n, args.tokens)
+                counters = engine.metrics.spec
+            finally:
+                engine.stop()
+            best[spec] = max(best.get(spec, 0.0), rate)
+        acceptance = counters.accepted / max(1, counters.draft_tokens)
+        print(f"spec_ngram_vs_plain@{n} {best['ngram-simple'] / best['none']:.2f} "
+              f"(plain {best['none']:.1f} tok/s, spec {best['ngram-simple']:.1f} tok/s, "
+              f"acceptance {acceptance:.2f} of {counters.draft_tokens} drafted)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
