@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from deployments.api.errors import ApiError
 from deployments.api.infill import InfillBudget, check_infill_body, infill_prompt
 from engine.vocab import load_vocab
+from tests.reliability import dedicated_app
 from tests.zoo import BY_NAME, VOCAB, build_family
 
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>",
@@ -125,9 +127,11 @@ def test_field_errors(body, message):
 
 # ---- served --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def fim_url(deploy_app, fim_folder) -> str:
-    return deploy_app("fim", {"model": str(fim_folder), "n_parallel": 1, "n_ctx": 512,
-                              "n_batch": 64})
+def fim_url(serve_instance, fim_folder) -> Iterator[str]:
+    """Deleted when the module ends: an idle app costs every later test CPU on CI's 2 cores."""
+    with dedicated_app(serve_instance, "fim", {"model": str(fim_folder), "n_parallel": 1,
+                                               "n_ctx": 512, "n_batch": 64}) as base:
+        yield base
 
 
 # the served graph's budget: -b 2048 and n_ctx 512 leave no room for the repo-level context
