@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from deployments.api.config import GraphArgs, replica_ongoing_limit
+from deployments.api.deployment_names import replica_deployment
 from deployments.cli.refused import Refused
-from deployments.serve.status import replica_deployment
 
 
 def options(option: type) -> tuple:

@@ -13,12 +13,13 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.api.config import GraphArgs, replica_ongoing_limit
+from deployments.api.deployment_names import replica_deployment
 from deployments.serve.engines import EngineMaker
 from deployments.serve.ingress import Ingress
 from deployments.serve.replica import ModelReplica
 from deployments.serve.router import PINNED_ROUTER
 from deployments.serve.shaper import ResponseShaper
-from deployments.serve.status import StatusBoard, replica_deployment
+from deployments.serve.status import StatusBoard
 
 
 def build_app(args: dict[str, Any] | GraphArgs | None = None) -> Application:

@@ -126,15 +126,6 @@ def sum_counters(replicas) -> dict[str, float]:
     return totals
 
 
-def replica_deployment(model_name: str, named: bool) -> str:
-    """A model's replica deployment name: ``ModelReplica``, or ``ModelReplica:<model>`` in an
-    application of several models (as Ray Serve LLM names its ``LLMServer:<model>``): a path's
-    slashes and dots made readable, Serve's replica-id delimiter ``#`` removed."""
-    if not named:
-        return "ModelReplica"
-    return "ModelReplica:" + model_name.replace("/", "--").replace(".", "_").replace("#", "_")
-
-
 def rates(points: list[tuple[float, int]]) -> list[list[float]]:
     """[time, tokens/s] between consecutive totals. A total that went down (a replica left the
     sum) gives no point rather than a negative rate."""

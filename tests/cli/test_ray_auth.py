@@ -62,3 +62,18 @@ def test_a_mode_or_token_the_caller_set_is_respected(no_auth_env, monkeypatch, c
     monkeypatch.setenv(ray_auth.TOKEN_ENV, "f" * 64)
     assert ray_auth.for_own_cluster() is None
     assert not (no_auth_env / ".ray").exists()
+
+
+def test_the_command_does_not_import_ray_before_setting_the_auth_mode():
+    """Ray reads RAY_AUTH_MODE once, at import: the launcher sets it first (own_cluster_setup),
+    so nothing the command imports may import Ray (a GCS started with the token would refuse
+    the launcher's own client)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, deployments.cli.command, deployments.cli.launch; "
+             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert out.stdout.strip() == "[]", out.stdout

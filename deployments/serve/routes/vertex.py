@@ -56,6 +56,7 @@ def is_health_route(ingress: IngressBase, path: str) -> bool:
 
 async def predict_or_unknown(ingress: IngressBase, request: Request, path: str) -> Response:
     if not ingress.args.predict_route or "/" + path != ingress.args.predict_route:
+        ingress.check_key(request)  # the reference asks for the key before it finds no route
         raise HTTPException(404)
     await ingress.guard(request)
     instances = vertex.instances_of(await read_json(request, ingress.args.max_body_bytes))

@@ -19,9 +19,9 @@ from fastapi.responses import FileResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
+from deployments.api.deployment_names import replica_deployment
 from deployments.serve.app import json_response
 from deployments.serve.endpoint import IngressBase
-from deployments.serve.status import replica_deployment
 
 WEBUI = Path(__file__).resolve().parent.parent / "webui"
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
