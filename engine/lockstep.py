@@ -13,7 +13,11 @@ decisions because they see the same inputs at the same loop iterations:
   the groups cancelled, or a stop, and its clock, which every rank's tokens take as their time;
 - the other ranks (``FollowerEngine``) block on that broadcast instead of an inbox, apply the same
   items, then admit and step exactly as rank 0 does. Their events go nowhere: rank 0's are the
-  ones returned.
+  ones returned;
+- idle (nothing running, nothing waiting: a state every rank knows alike), rank 0 broadcasts
+  nothing until a turn has something in it, and then wakes the ranks first (``wake``: a Ray
+  call in deployments/serve/shards.py); an idle rank waits for that wake on an Event, not inside
+  the collective, whose ring backend polls its sockets and would hold a core busy all idle long.
 
 Admission, the prefix cache, slot choice, sampling (greedy, or seeded: the seed travels with the
 group) and the time limit (``t_max_predict_ms``, on rank 0's clock) depend only on those inputs,
@@ -29,7 +33,9 @@ turn's inputs keeps that protocol to three kinds of message.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -71,9 +77,11 @@ class Broadcast:
 class LeaderEngine(Engine):
     """Rank 0: the real engine, which forwards each turn's submits and cancels to the ranks."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, group: Any):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, group: Any,
+                 wake: Callable[[], None]):
         super().__init__(loaded, config)
         self._broadcast = Broadcast(group)
+        self._wake = wake
         self._turn: list[tuple[str, Any]] = []
         self._turn_time = time.perf_counter()
 
@@ -82,6 +90,10 @@ class LeaderEngine(Engine):
         super()._drain_inbox(block)
         if self._stopping.is_set():
             self._turn.append(STOP)
+        if block:  # idle: the ranks wait for a wake, outside the collective
+            if not self._turn:
+                return
+            self._wake()
         self._turn_time = time.perf_counter()
         self._broadcast(TURNS.dumps((self._turn_time, self._turn)))
 
@@ -102,13 +114,27 @@ class FollowerEngine(Engine):
     def __init__(self, loaded: LoadedModel, config: EngineConfig, group: Any):
         super().__init__(loaded, config)
         self._broadcast = Broadcast(group)
+        self._woken = threading.Event()
         self._turn_time = 0.0
+        self.n_turns = 0
+
+    def wake(self) -> None:
+        """Rank 0 has a turn for the idle ranks (called from the rank's actor thread)."""
+        self._woken.set()
+
+    def debug_state(self) -> dict:
+        return {**super().debug_state(), "n_turns": self.n_turns}
 
     def _clock(self) -> float:
         return self._turn_time
 
     def _drain_inbox(self, block: bool) -> None:
+        if block:  # idle, as rank 0 is: its next turn comes after a wake
+            if not self._woken.wait(0.5):
+                return
+            self._woken.clear()  # before the collective: rank 0 wakes again only after it
         self._turn_time, turn = TURNS.loads(self._broadcast())
+        self.n_turns += 1
         if self._stopping.is_set():  # stop() asked here: leave with the leader's next turn
             return
         for kind, value in turn:

@@ -86,6 +86,9 @@ class ShardRank:
         self.engine.start()
         return os.getpid()
 
+    def wake(self) -> None:
+        self.engine.wake()
+
     def alive(self) -> bool:
         return self.engine is not None and self.engine.alive
 
@@ -113,6 +116,11 @@ class Shards:
             raise RuntimeError(f"a shard rank is gone: {exc}") from exc
         if not all(alive):
             raise RuntimeError(f"a shard rank's engine loop died: ranks {alive}")
+
+    def wake(self) -> None:
+        """Idle ranks wait for this before rank 0's next turn (engine/lockstep.py)."""
+        for rank in self.ranks:
+            rank.wake.remote()
 
     async def states(self) -> list[dict]:
         import asyncio
@@ -158,7 +166,7 @@ def start_leader(args: GraphArgs):
     except BaseException:
         shards.close()
         raise
-    engine = LeaderEngine(loaded, engine_config(args), group)
+    engine = LeaderEngine(loaded, engine_config(args), group, shards.wake)
     return loaded, engine, shards
 
 

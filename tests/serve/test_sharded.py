@@ -113,6 +113,26 @@ def assert_lockstep(name: str) -> None:
     assert {k: rank[k] for k in LOCKSTEP_KEYS} == {k: state[k] for k in LOCKSTEP_KEYS}
 
 
+def test_an_idle_rank_waits_outside_the_collective(sharded_app, expected):
+    """Idle, rank 0 sends no turns: the other rank waits on its wake, not in MLX's ring
+    collective (which polls its sockets: an idle rank held 40-80% of a core), and the first
+    request after the idle spell is served as before."""
+    import psutil
+
+    name, base = sharded_app("pipeline")
+    state = conftest.wait_for(lambda: (s := engine_state(name))["n_active"] == 0 and s,
+                              timeout=30, what="an idle engine")
+    rank = psutil.Process(state["shard_pids"][0])
+    turns, cpu = state["shard_states"][0]["n_turns"], sum(rank.cpu_times()[:2])
+    time.sleep(3)
+    state = engine_state(name)
+    assert state["shard_states"][0]["n_turns"] == turns  # nothing broadcast while idle
+    assert sum(rank.cpu_times()[:2]) - cpu < 0.6  # under a fifth of a core
+    r = httpx.post(f"{base}/completion", json={"prompt": PROMPTS[0], **GREEDY}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens"] == expected[0]
+    assert_lockstep(name)
+
+
 def test_seeded_sampling_equals_the_unsharded_replica(sharded_app, base_url):
     """A seeded request samples the same tokens as on the suite's unsharded replica: the seed
     travels with the request to every rank. The pipeline split computes the same logits bit for
