@@ -98,11 +98,16 @@ class DeviceNodes:
         from ray.serve._private.constants import SERVE_NAMESPACE
 
         self.cluster, self.device_nodes = start_cluster()
-        ray.init(address=self.cluster.address, namespace=SERVE_NAMESPACE, log_to_driver=False)
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.client = serve_api.serve_start(
-            http_options={"host": "127.0.0.1", "port": self.port}, proxy_location="HeadOnly")
+        try:
+            ray.init(address=self.cluster.address, namespace=SERVE_NAMESPACE, log_to_driver=False)
+            self.port = free_port()
+            self.base = f"http://127.0.0.1:{self.port}"
+            self.client = serve_api.serve_start(
+                http_options={"host": "127.0.0.1", "port": self.port}, proxy_location="HeadOnly")
+        except BaseException:  # a failed start leaves no node running
+            ray.shutdown()
+            self.cluster.shutdown()
+            raise
 
     @contextmanager
     def serving(self, config_on_port: Callable[[int], dict]) -> Iterator[str]:

@@ -4,11 +4,12 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.api.errors import ApiError, invalid
@@ -198,3 +199,15 @@ class CorsMiddleware:
 
 
 app.add_middleware(CorsMiddleware)
+
+
+def api_routes(routes: list, prefix: str = "") -> Iterator[tuple[str, APIRoute]]:
+    """(path prefix, route) of every APIRoute in order, those of included routers too (Ray
+    Serve's ``serve.ingress`` re-mounts the class's routes as a router)."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield prefix, route
+        elif getattr(route, "original_router", None) is not None:
+            context = getattr(route, "include_context", None)
+            yield from api_routes(route.original_router.routes,
+                                  prefix + getattr(context, "prefix", ""))

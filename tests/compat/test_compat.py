@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from fastapi.routing import APIRoute
 
 from compat import check, render
 from compat.manifest import (
@@ -45,25 +44,12 @@ SCHEMA = {schema_key(f): f for f in FIELDS}
 PARENTS = {f.parent for f in FIELDS if f.parent}
 
 
-def _api_routes(routes: list, prefix: str = "") -> set[str]:
-    """``METHOD /path`` of every APIRoute, descending into included routers (Ray Serve's
-    ``serve.ingress`` re-mounts the class's routes as a router)."""
-    out: set[str] = set()
-    for route in routes:
-        if isinstance(route, APIRoute):
-            out |= {f"{m} {prefix}{route.path}" for m in route.methods}
-        elif getattr(route, "original_router", None) is not None:
-            context = getattr(route, "include_context", None)
-            out |= _api_routes(route.original_router.routes,
-                               prefix + getattr(context, "prefix", ""))
-    return out
-
-
 def mounted_routes() -> set[str]:
     import deployments.serve.ingress  # noqa: F401  (the route table registers itself on the app)
-    from deployments.serve.app import app
+    from deployments.serve.app import api_routes, app
 
-    return _api_routes(app.routes)
+    return {f"{m} {prefix}{route.path}" for prefix, route in api_routes(app.routes)
+            for m in route.methods}
 
 
 def fastapi_path(path: str) -> str:

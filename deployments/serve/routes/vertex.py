@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from deployments.api import vertex
 from deployments.api.errors import ApiError
 from deployments.api.shapes import dumps
-from deployments.serve.app import json_response, read_json
+from deployments.serve.app import api_routes, json_response, read_json
 from deployments.serve.endpoint import IngressBase
 
 # the catch-alls that carry these routes themselves
@@ -28,19 +26,10 @@ def served_routes(app: FastAPI) -> dict[str, str]:
     """path -> method of every route in registration order (a path served for GET and POST,
     /props, is dispatched as its first: GET, as the reference's handler table keeps the first)."""
     routes: dict[str, str] = {}
-    for route in _api_routes(app.routes):
+    for prefix, route in api_routes(app.routes):
         if route.path != CATCH_ALL:
-            routes.setdefault(route.path, sorted(route.methods)[0])
+            routes.setdefault(prefix + route.path, sorted(route.methods)[0])
     return routes
-
-
-def _api_routes(routes: list) -> Iterator[APIRoute]:
-    """The routes in order, those of included routers (Ray Serve's class-based view) too."""
-    for route in routes:
-        if isinstance(route, APIRoute):
-            yield route
-        elif hasattr(route, "original_router"):  # FastAPI's included router
-            yield from _api_routes(route.original_router.routes)
 
 
 def check_routes(app: FastAPI, predict_route: str | None) -> None:
