@@ -112,6 +112,17 @@ def units(tasks: list[Task]) -> list[list[Task]]:
     return units
 
 
+# the totals a snapshot carries that only grow (n_tokens_max: the largest seen): what a model of
+# several replicas sums for /metrics (deployments/serve/status.py)
+COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
+            "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
+            "n_busy_slots_total", "n_tokens_max", "cache_disk_hits_total",
+            "prompt_tokens_cache_disk_total", "spec_decode_num_drafts_total",
+            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+BUCKET = ("bucket_prompt_tokens", "bucket_prompt_seconds", "bucket_predicted_tokens",
+          "bucket_predicted_seconds")
+
+
 @dataclass
 class EngineMetrics:
     """llama.cpp's server metrics: totals since start, and a bucket reset at each snapshot that
@@ -155,16 +166,11 @@ class EngineMetrics:
         self.bucket_predicted_seconds += predicted_s
 
     def snapshot(self, n_processing: int, n_deferred: int, reset_bucket: bool) -> dict:
-        out = {k: getattr(self, k) for k in (
-            "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
-            "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
-            "n_busy_slots_total", "n_tokens_max", "bucket_prompt_tokens",
-            "bucket_prompt_seconds", "bucket_predicted_tokens", "bucket_predicted_seconds",
-            "cache_disk_hits_total", "prompt_tokens_cache_disk_total")}
-        out.update(n_processing=n_processing, n_deferred=n_deferred,
-                   spec_decode_num_drafts_total=self.spec.drafts,
-                   spec_decode_num_draft_tokens_total=self.spec.draft_tokens,
-                   spec_decode_num_accepted_tokens_total=self.spec.accepted)
+        spec = {"spec_decode_num_drafts_total": self.spec.drafts,
+                "spec_decode_num_draft_tokens_total": self.spec.draft_tokens,
+                "spec_decode_num_accepted_tokens_total": self.spec.accepted}
+        out = {k: spec[k] if k in spec else getattr(self, k) for k in COUNTERS + BUCKET}
+        out.update(n_processing=n_processing, n_deferred=n_deferred)
         if reset_bucket:
             self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0
             self.bucket_prompt_seconds = self.bucket_predicted_seconds = 0.0

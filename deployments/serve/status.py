@@ -23,6 +23,8 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
+from engine.tasks import COUNTERS  # summed over a model's replicas; n_tokens_max the largest
+
 log = logging.getLogger("mlxray.status")
 
 BOARD = "StatusBoard"
@@ -50,12 +52,6 @@ class ReplicaReport:
     time: float = field(default_factory=time.time)
 
 
-# the engine's counters (engine/tasks.py), summed over a model's replicas for /metrics, but
-# n_tokens_max: the largest over them
-COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
-            "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
-            "n_busy_slots_total", "n_tokens_max", "cache_disk_hits_total",
-            "prompt_tokens_cache_disk_total")
 
 
 # every replica reports once a second: no access log line for each

@@ -208,3 +208,20 @@ def test_combined_gauges_are_summed_and_busy_slots_averaged_over_decodes():
     assert (values["requests_processing"], values["requests_deferred"]) == (3, 2)
     assert values["n_busy_slots_per_decode"] == 1.5
     assert values["tokens_predicted_total"] == 9
+
+
+def test_every_counter_of_an_engine_snapshot_reaches_the_summed_metrics():
+    """What the ingress sums for /metrics is every total an engine snapshot carries, the
+    speculative drafts' too (they were left out of the sum and always read 0)."""
+    from deployments.api.prometheus import combined_values
+    from deployments.serve.status import sum_counters
+    from engine.tasks import EngineMetrics
+
+    metrics = EngineMetrics(tokens_predicted_total=9, n_decode_total=3)
+    metrics.spec.add(4, 3)
+    snapshot = metrics.snapshot(0, 0, reset_bucket=False)
+    values = combined_values(sum_counters([snapshot, snapshot]), [snapshot, snapshot])
+    assert values["spec_decode_num_drafts_total"] == 2
+    assert values["spec_decode_num_draft_tokens_total"] == 8
+    assert values["spec_decode_num_accepted_tokens_total"] == 6
+    assert values["tokens_predicted_total"] == 18
