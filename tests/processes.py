@@ -118,6 +118,9 @@ class Launched:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 5  # a SIGKILL takes effect soon, not at once (loaded box)
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def close(self) -> None:
         self._stop.set()
