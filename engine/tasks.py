@@ -114,11 +114,14 @@ def units(tasks: list[Task]) -> list[list[Task]]:
 
 # the totals a snapshot carries that only grow (n_tokens_max: the largest seen): what a model of
 # several replicas sums for /metrics (deployments/serve/status.py)
-COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
-            "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
-            "n_busy_slots_total", "n_tokens_max", "cache_disk_hits_total",
-            "prompt_tokens_cache_disk_total", "spec_decode_num_drafts_total",
-            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+OWN_COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
+                "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
+                "n_busy_slots_total", "n_tokens_max", "cache_disk_hits_total",
+                "prompt_tokens_cache_disk_total")
+SPEC_COUNTERS = {"spec_decode_num_drafts_total": "drafts",  # of EngineMetrics.spec
+                 "spec_decode_num_draft_tokens_total": "draft_tokens",
+                 "spec_decode_num_accepted_tokens_total": "accepted"}
+COUNTERS = (*OWN_COUNTERS, *SPEC_COUNTERS)
 BUCKET = ("bucket_prompt_tokens", "bucket_prompt_seconds", "bucket_predicted_tokens",
           "bucket_predicted_seconds")
 
@@ -166,11 +169,9 @@ class EngineMetrics:
         self.bucket_predicted_seconds += predicted_s
 
     def snapshot(self, n_processing: int, n_deferred: int, reset_bucket: bool) -> dict:
-        spec = {"spec_decode_num_drafts_total": self.spec.drafts,
-                "spec_decode_num_draft_tokens_total": self.spec.draft_tokens,
-                "spec_decode_num_accepted_tokens_total": self.spec.accepted}
-        out = {k: spec[k] if k in spec else getattr(self, k) for k in COUNTERS + BUCKET}
-        out.update(n_processing=n_processing, n_deferred=n_deferred)
+        out = {k: getattr(self, k) for k in OWN_COUNTERS + BUCKET}
+        out.update({k: getattr(self.spec, name) for k, name in SPEC_COUNTERS.items()},
+                   n_processing=n_processing, n_deferred=n_deferred)
         if reset_bucket:
             self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0
             self.bucket_prompt_seconds = self.bucket_predicted_seconds = 0.0

@@ -52,8 +52,6 @@ class ReplicaReport:
     time: float = field(default_factory=time.time)
 
 
-
-
 # every replica reports once a second: no access log line for each
 @serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=1000,
                   ray_actor_options={"num_cpus": 0}, logging_config={"enable_access_log": False})

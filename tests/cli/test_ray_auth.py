@@ -12,6 +12,8 @@ import pytest
 
 from deployments.cli import ray_auth
 
+from ..conftest import REPO
+
 
 @pytest.fixture
 def no_auth_env(monkeypatch, tmp_path):
@@ -74,6 +76,5 @@ def test_the_command_does_not_import_ray_before_setting_the_auth_mode():
     probe = ("import sys, deployments.cli.command, deployments.cli.launch; "
              "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__)))))
+                         check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout

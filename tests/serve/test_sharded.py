@@ -103,10 +103,14 @@ LOCKSTEP_KEYS = ("n_active", "n_waiting", "n_sequences", "slots_idle", "n_decode
                  "n_cancelled", "n_submitted")
 
 
+def idle_state(name: str) -> dict:
+    return conftest.wait_for(lambda: (s := engine_state(name))["n_active"] == 0 and s,
+                             timeout=30, what="an idle engine")
+
+
 def assert_lockstep(name: str) -> None:
     """The other rank is another process that took every step rank 0 took, and ended idle."""
-    state = conftest.wait_for(lambda: (s := engine_state(name))["n_active"] == 0 and s,
-                              timeout=30, what="an idle engine")
+    state = idle_state(name)
     (rank,) = state["shard_states"]
     assert rank["pid"] == state["shard_pids"][0] != state["pid"]
     assert state["n_decode_total"] > 0
@@ -120,8 +124,7 @@ def test_an_idle_rank_waits_outside_the_collective(sharded_app, expected):
     import psutil
 
     name, base = sharded_app("pipeline")
-    state = conftest.wait_for(lambda: (s := engine_state(name))["n_active"] == 0 and s,
-                              timeout=30, what="an idle engine")
+    state = idle_state(name)
     rank = psutil.Process(state["shard_pids"][0])
     turns, cpu = state["shard_states"][0]["n_turns"], sum(rank.cpu_times()[:2])
     time.sleep(3)
