@@ -3,7 +3,6 @@ typo in a config fails at start with a clear message."""
 
 from __future__ import annotations
 
-import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -36,21 +35,6 @@ class Handle(Protocol):
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = str(REPO_ROOT / "models" / "tiny-python")
-REFERENCE_BUILD = 10621  # the llama-server release whose API mlxray serves
-
-
-def build_info() -> str:
-    """/props build_info and the OpenAI system_fingerprint: the reference's shape, ``b<build>-``
-    and then what the reference has its commit in, so ``b(\\d+)`` reads the build whose API is
-    served and what follows names mlxray and its version: ``b10621-mlxray-0.1.0``."""
-    try:
-        version = importlib.metadata.version("mlxray")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return f"b{REFERENCE_BUILD}-mlxray-{version}"
-
-
-BUILD_INFO = build_info()
 ENGINE = EngineConfig()  # the engine's settings' defaults, written once (engine/types.py)
 # The default gather of stream tokens after the first (docs/performance.md has the A/B).
 PER_SEQUENCE_MS = 4.0

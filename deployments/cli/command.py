@@ -24,33 +24,17 @@ from typing import Any
 
 import yaml
 
+import deployments.cli.lora as cli_lora
+import deployments.cli.models_dir as cli_models_dir
+import deployments.cli.rope as cli_rope
+import deployments.cli.runtime as cli_runtime
+import deployments.cli.sampling as cli_sampling
+import deployments.cli.shards as cli_shards
+import deployments.cli.template as cli_template
+import deployments.cli.url as cli_url
 from deployments.api import vertex
 from deployments.api.config import GraphArgs
 from deployments.api.field_parsers import REASONING_FORMATS
-from deployments.cli import (
-    lora as cli_lora,
-)
-from deployments.cli import (
-    models_dir as cli_models_dir,
-)
-from deployments.cli import (
-    rope as cli_rope,
-)
-from deployments.cli import (
-    runtime as cli_runtime,
-)
-from deployments.cli import (
-    sampling as cli_sampling,
-)
-from deployments.cli import (
-    shards as cli_shards,
-)
-from deployments.cli import (
-    template as cli_template,
-)
-from deployments.cli import (
-    url as cli_url,
-)
 from deployments.cli.kv import add_arguments as kv_arguments
 from deployments.cli.kv import kv_fields, kv_options
 from deployments.cli.launch import GRPC_MESSAGE_ENV, cluster_env_defaults, run

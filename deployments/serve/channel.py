@@ -21,6 +21,7 @@ Ray's TLS on the items stay on Ray Serve's streams (``shared``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import itertools
 import logging
@@ -385,20 +386,12 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-_listener: Listener | None = None
-_sender: Sender | None = None
-
-
+@functools.cache
 def listener() -> Listener:
     """This process's listener (a replica process receives on one port, whatever it serves)."""
-    global _listener
-    if _listener is None:
-        _listener = Listener()
-    return _listener
+    return Listener()
 
 
+@functools.cache
 def sender() -> Sender:
-    global _sender
-    if _sender is None:
-        _sender = Sender()
-    return _sender
+    return Sender()

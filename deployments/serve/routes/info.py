@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.responses import Response
 
-from deployments.api.config import BUILD_INFO
+from deployments.api.build_info import BUILD_INFO
 from deployments.api.errors import ApiError, invalid
 from deployments.api.prometheus import (  # noqa: F401 - METRIC_HELP is read from here too
     METRIC_HELP,

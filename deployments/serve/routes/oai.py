@@ -10,7 +10,7 @@ import time
 from fastapi import Request
 from fastapi.responses import Response
 
-from deployments.api.config import BUILD_INFO
+from deployments.api.build_info import BUILD_INFO
 from deployments.api.errors import invalid
 from deployments.api.json_values import json_type
 from deployments.api.openai_requests import chat_body, chat_prompt, completion_body, completion_id
