@@ -39,6 +39,7 @@ def running_engine(n_parallel: int) -> Iterator:
 
     eng = Engine(load_model(MODEL), EngineConfig(n_parallel=n_parallel, n_ctx=512, n_batch=16))
     eng.start()
+    eng.run_on_loop(lambda _: None)  # its loop is up: its _bg exists (batch_sizes)
     yield eng
     eng.stop()
 

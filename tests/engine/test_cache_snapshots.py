@@ -38,6 +38,7 @@ def engines(zoo) -> Iterator:
             settings = {"n_parallel": 2, "n_ctx": 256, "n_batch": 16, **config}
             made[key] = Engine(load_model(str(zoo[name])), EngineConfig(**settings))
             made[key].start()
+            made[key].run_on_loop(lambda _: None)  # its loop is up: its _bg exists
         return made[key]
 
     yield get
