@@ -32,14 +32,20 @@ CONFORMANCE_ARGS = {"model": MODEL, "alias": "tiny-python", "n_parallel": 4, "n_
                     "health_route": "/aip/health"}
 
 
+def up(engine):
+    """``engine`` started, its loop running (so its BatchGenerator, ``_bg``, exists)."""
+    engine.start()
+    engine.run_on_loop(lambda _: None)
+    return engine
+
+
 def running_engine(n_parallel: int) -> Iterator:
     """An engine on the embedded model (no Ray), for a module-scoped fixture to yield."""
     from engine.model import load_model
     from engine.scheduler import Engine, EngineConfig
 
-    eng = Engine(load_model(MODEL), EngineConfig(n_parallel=n_parallel, n_ctx=512, n_batch=16))
-    eng.start()
-    eng.run_on_loop(lambda _: None)  # its loop is up: its _bg exists (batch_sizes)
+    eng = up(Engine(load_model(MODEL), EngineConfig(n_parallel=n_parallel, n_ctx=512,
+                                                    n_batch=16)))
     yield eng
     eng.stop()
 

@@ -16,7 +16,7 @@ from engine.cache_snapshots import Snapshots, segments
 from engine.prefix_cache import Hit, PrefixCache
 from engine.types import FinalEvent, GenerationRequest, SamplingParams
 
-from ..conftest import run_engine
+from ..conftest import run_engine, up
 from ..zoo import FAMILIES, reference_ids
 
 UNTRIMMABLE = ("gemma3_text", "gpt_oss", "qwen3_next", "mamba2", "gemma3_text-8bit")
@@ -36,9 +36,7 @@ def engines(zoo) -> Iterator:
         key = (name, tuple(sorted(config.items())))
         if key not in made:
             settings = {"n_parallel": 2, "n_ctx": 256, "n_batch": 16, **config}
-            made[key] = Engine(load_model(str(zoo[name])), EngineConfig(**settings))
-            made[key].start()
-            made[key].run_on_loop(lambda _: None)  # its loop is up: its _bg exists
+            made[key] = up(Engine(load_model(str(zoo[name])), EngineConfig(**settings)))
         return made[key]
 
     yield get

@@ -14,7 +14,7 @@ from engine.model import load_model
 from engine.scheduler import Engine, EngineConfig
 from engine.types import FinalEvent, GenerationRequest, SamplingParams
 
-from ..conftest import MODEL, run_engine
+from ..conftest import MODEL, run_engine, up
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +23,7 @@ def loaded():
 
 
 def started(loaded) -> Engine:
-    engine = Engine(loaded, EngineConfig(n_parallel=2, n_ctx=256, n_batch=16))
-    engine.start()
-    return engine
+    return up(Engine(loaded, EngineConfig(n_parallel=2, n_ctx=256, n_batch=16)))
 
 
 def greedy(engine: Engine, n: int = 4) -> GenerationRequest:
