@@ -29,6 +29,7 @@ def dedicated_app(port: int, name: str, args: dict,
     from deployments.serve.graph import build_graph
 
     config = GraphArgs.model_validate({"model": MODEL, **args})
+    wait_deleted(name)
     serve.run(build_graph(config, replica_options), name=name,
               route_prefix=f"/{name}", blocking=False)
     base = f"http://127.0.0.1:{port}/{name}"
@@ -36,7 +37,19 @@ def dedicated_app(port: int, name: str, args: dict,
         wait_healthy(base)
         yield base
     finally:
-        serve.delete(name)
+        # not waited for: the replicas' graceful stop (2 s) runs while the next test starts
+        serve.delete(name, _blocking=False)
+
+
+def wait_deleted(name: str, timeout: float = 120) -> None:
+    """Until no application of that name is left (dedicated_app does not wait for its own)."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout
+    while name in serve.status().applications:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the application {name} was not deleted in {timeout} s")
+        time.sleep(0.2)
 
 
 def engine_state(app: str) -> dict:
