@@ -3,11 +3,6 @@ refusals that name the flag, and one real run with the API key enforced."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-
-import httpx
 import pytest
 import yaml
 
@@ -15,8 +10,7 @@ from deployments.api.config import GraphArgs
 from deployments.cli import command as cli
 from deployments.cli.refused import ROUTER
 from deployments.serve.endpoint import api_keys
-from tests.conftest import MODEL, REPO, free_port, wait_healthy
-from tests.processes import own_cluster_env
+from tests.conftest import MODEL, REPO
 
 
 def config_of(argv: list[str], environ: dict[str, str] | None = None) -> dict:
@@ -213,43 +207,3 @@ def test_dump_config_carries_the_shipped_configs_runtime_env(capsys):
                  "sharded.yaml", "autoscale.yaml"):
         shipped = yaml.safe_load((REPO / "configs" / name).read_text())["applications"]
         assert all(app["runtime_env"] == dumped for app in shipped), name
-
-
-def wait_serving(proc: subprocess.Popen, base: str, log, timeout: float = 300) -> None:
-    """Until /health answers 200; fails at once, with the command's output, if it exits."""
-
-    def still_running() -> None:
-        assert proc.poll() is None, log.read_text()[-3000:]
-
-    wait_healthy(base, timeout, still_running)
-
-
-@pytest.mark.heavy
-def test_mlxray_serves_with_the_key_enforced(tmp_path):
-    """The issue's acceptance command, on a free port, in its own process and Ray cluster."""
-    port = free_port()
-    env = {**own_cluster_env(), "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deployments.cli.command", "-m", "models/tiny-python", "--port",
-         str(port), "-np", "2", "--api-key", "k"],
-        cwd=REPO, env=env, stdout=open(tmp_path / "out.log", "wb"), stderr=subprocess.STDOUT)
-    log = tmp_path / "out.log"
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_serving(proc, base, log)
-        body = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0}
-        assert httpx.post(base + "/completion", json=body).status_code == 401
-        ok = httpx.post(base + "/completion", json=body, headers={"Authorization": "Bearer k"},
-                        timeout=60)
-        assert ok.status_code == 200 and ok.json()["tokens_predicted"] == 4
-        too_many = httpx.post(base + "/completion", json={**body, "n_cmpl": 3},
-                              headers={"Authorization": "Bearer k"})
-        assert "1 <= value <= 2" in too_many.json()["error"]["message"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, log.read_text()[-2000:]

@@ -3,7 +3,7 @@ which
 configs get it, and an ``mlxray`` process serving that way. Its port is the Ingress replica's own
 socket, Serve's proxy (moved to a port of its own) gives the same answers, a client that goes
 away frees its slot, and an Ingress replica killed is replaced on the same port. With
-``--serve-proxy`` the port is the proxy's, as before."""
+``--serve-proxy`` the port is the proxy's, as before (that run also checks ``--api-key``)."""
 
 from __future__ import annotations
 
@@ -216,13 +216,20 @@ def test_a_killed_ingress_is_replaced_on_the_same_port(direct):
 
 
 @pytest.mark.heavy
-def test_serve_proxy_keeps_the_proxy_on_the_port(tmp_path):
-    launched, base, proxy = start(tmp_path, "--serve-proxy")
+def test_serve_proxy_keeps_the_proxy_on_the_port_and_the_key_is_enforced(tmp_path):
+    """Also the API-key issue's acceptance command (``-np 2 --api-key k``): one start serves
+    both checks."""
+    launched, base, proxy = start(tmp_path, "--serve-proxy", "-np", "2", "--api-key", "k")
     try:
         assert proxy == base
         assert "ProxyActor" in listener(launched, int(base.rsplit(":", 1)[1]))
         assert "through Ray Serve's proxy: --serve-proxy" in launched.log.read_text()
-        assert httpx.post(base + "/completion", json={"prompt": "x", "n_predict": 2},
-                          timeout=60).json()["tokens_predicted"] == 2
+        body = {"prompt": "def main():\n", "n_predict": 4, "temperature": 0}
+        assert httpx.post(base + "/completion", json=body).status_code == 401
+        key = {"Authorization": "Bearer k"}
+        ok = httpx.post(base + "/completion", json=body, headers=key, timeout=60)
+        assert ok.status_code == 200 and ok.json()["tokens_predicted"] == 4
+        too_many = httpx.post(base + "/completion", json={**body, "n_cmpl": 3}, headers=key)
+        assert "1 <= value <= 2" in too_many.json()["error"]["message"]
     finally:
         stop(launched)
