@@ -1,7 +1,9 @@
 """The graph in the test's own process, without Ray: the real Ingress (its FastAPI app, through
 httpx's ASGI transport), ResponseShaper and ModelReplica classes, wired by in-process handles,
 on engine/fake.py's engine. For the tests of routes, validation, envelopes, shaping and SSE
-framing, where neither a model nor Ray adds anything: no cluster, no actor, no weights.
+framing, where neither a model nor Ray adds anything: no cluster, no actor, no weights. A test
+that needs the model's own answers but not Ray (the fuzz: thousands of small requests) passes
+``engine=engines.mlx_engine``.
 
 What crosses a hop is copied (pickled) as a Ray Serve handle copies it. Streams are
 ``per_request`` (the shared channel's sockets are between processes: tests/serve/test_channel.py).
@@ -67,6 +69,11 @@ def _servable_dependency() -> Any:
     raise AssertionError("the ingress has no routes")
 
 
+def engine_state(replica: Any) -> dict:
+    """The local replica's ``engine_state``, as tests/reliability.py's reads a deployed one's."""
+    return asyncio.run(replica.engine_state())
+
+
 def _routes(router: Any) -> Iterator[Any]:
     for route in router.routes:
         if hasattr(route, "original_router"):
@@ -92,15 +99,24 @@ class _Loop:
 
 
 @contextmanager
-def local_graph(args: dict | None = None) -> Iterator[httpx.Client]:
+def local_graph(args: dict | None = None,
+                engine: engines.EngineMaker = engines.fake) -> Iterator[httpx.Client]:
     """An httpx client on a graph of ``args`` (the model: tests/conftest.py's MODEL), in-process
-    on the fake engine; the graph is torn down afterwards."""
+    on ``engine``; the graph is torn down afterwards."""
+    with local_graph_parts(args, engine) as (client, _):
+        yield client
+
+
+@contextmanager
+def local_graph_parts(args: dict | None = None, engine: engines.EngineMaker = engines.fake
+                      ) -> Iterator[tuple[httpx.Client, Any]]:
+    """local_graph's client and its ModelReplica (for its ``engine_state``)."""
     config = GraphArgs.model_validate({"model": MODEL, "stream_channel": "per_request",
                                        **(args or {})})
     runner = _Loop()
 
     async def build() -> tuple[Any, Any]:
-        replica = ModelReplica.func_or_class(config, engines.fake)
+        replica = ModelReplica.func_or_class(config, engine)
         shaper = ResponseShaper.func_or_class(LocalHandle(replica), config)
         ingress_cls = Ingress.func_or_class.__mro__[1]  # the class under Serve's ASGI wrapper
         return replica, ingress_cls([(LocalHandle(shaper), LocalHandle(replica), config)], config)
@@ -117,7 +133,7 @@ def local_graph(args: dict | None = None) -> Iterator[httpx.Client]:
     transport = _ThreadedTransport(runner)
     try:
         with httpx.Client(transport=transport, base_url="http://local", timeout=60) as client:
-            yield client
+            yield client, replica
     finally:
         app.dependency_overrides.pop(dependency, None)
         if replica.engine is not None:

@@ -1,4 +1,6 @@
-"""Every numeric request field at the edges of its domain, over HTTP (issue 13).
+"""Every numeric request field at the edges of its domain, over HTTP (issue 13), on the real model
+in the test's own process (tests/local_graph.py: the graph's classes without Ray's hops, which
+add nothing here but a few tens of ms to each of the thousand requests).
 
 Hypothesis draws a numeric field of the native schema (or an OpenAI route's own field), a value
 from tests/edges.py's EDGES (0, +-1, +-0.5, the int32/uint32/int64 bounds and one past them,
@@ -28,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deployments.api.schema import FIELDS
+from deployments.serve import engines
 
 from ..edge_oracle import SPEC, problems, read
 from ..edges import (
@@ -42,9 +45,9 @@ from ..edges import (
     contexts,
     oai_body,
 )
-from ..reliability import dedicated_app, engine_state, is_idle
+from ..local_graph import engine_state, local_graph_parts
+from ..reliability import is_idle
 
-APP = "rel-edges"
 N_PARALLEL = 4
 CASES = int(os.environ.get("MLXRAY_EDGE_CASES", "300"))
 BEFORE = Path(__file__).resolve().parents[1] / "fixtures" / "edges_5xx_before.json"
@@ -55,17 +58,16 @@ EDGE_SETTINGS = settings(max_examples=CASES, deadline=None, derandomize=True, da
 
 
 @pytest.fixture(scope="module")
-def edges_app(serve_instance: int):
+def edges_graph():
     # a 64-token context: n_predict -1 or 2^31-1 ends within 64 tokens
-    with dedicated_app(serve_instance, APP, {"n_parallel": N_PARALLEL, "n_ctx": 64}) as base:
-        yield base
+    with local_graph_parts({"n_parallel": N_PARALLEL, "n_ctx": 64}, engines.mlx_engine) as parts:
+        yield parts
         print(f"\nedge requests by status: {dict(STATUSES)}")
 
 
 @pytest.fixture(scope="module")
-def http(edges_app: str):
-    with httpx.Client(base_url=edges_app, timeout=120) as client:
-        yield client
+def http(edges_graph) -> httpx.Client:
+    return edges_graph[0]
 
 
 def check(http: httpx.Client, route: str, body: dict) -> None:
@@ -139,7 +141,7 @@ def test_chat_base_is_a_valid_request(http):
     assert r.status_code == 200, r.text
 
 
-def test_server_healthy_and_idle_afterwards(http):
+def test_server_healthy_and_idle_afterwards(http, edges_graph):
     assert http.get("/health").status_code == 200
-    state = engine_state(APP)
+    state = engine_state(edges_graph[1])
     assert state["alive"] and is_idle(state), state

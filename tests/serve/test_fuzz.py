@@ -1,7 +1,9 @@
 """Bad input never breaks the server: a hypothesis property test and a schemathesis fuzz against
 the ingress's OpenAPI document, over /completion(s), /tokenize, /detokenize, /v1/completions and
-/v1/chat/completions, on a dedicated graph with a 64-token context (any generation ends fast),
-a 64 KiB body limit and the tool-calling template; and the agents' own requests
+/v1/chat/completions, on a graph with a 64-token context (any generation ends fast), a 64 KiB
+body limit and the tool-calling template, run in the test's process on the real model
+(tests/local_graph.py: the graph's own classes, without Ray, whose hops add nothing a fuzz
+finds but a few tens of ms a request); and the agents' own requests
 (tests/fixtures/agents, recorded from Claude Code and Codex CLI by tests/serve/test_agents.py),
 their strings cut to 40 characters to fit the limit, on /v1/messages and /v1/responses.
 
@@ -29,17 +31,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from deployments.api.config import GraphArgs
 from deployments.api.schema import FIELDS
+from deployments.serve import engines
 from deployments.serve.ingress import app as ingress_app
 from engine.types import BAD_OUTPUT_MESSAGE
 
-from ..reliability import assert_envelope, dedicated_app, engine_state, is_idle
+from ..local_graph import engine_state, local_graph_parts
+from ..reliability import assert_envelope, is_idle
 from .mutations import mutate
 from .test_tools import LOCAL as TOOLS_ARGS
 
-APP = "rel-fuzz"
 CASES = int(os.environ.get("MLXRAY_FUZZ_CASES", "200"))
 BODY_LIMIT = 64 * 1024
+DEFAULT_BODY_LIMIT = GraphArgs.model_fields["max_body_bytes"].default
 ROUTES = ["/completion", "/completions", "/tokenize", "/detokenize", "/v1/completions",
           "/v1/chat/completions"]
 STATUSES: dict[str, Counter] = {}
@@ -49,20 +54,19 @@ FUZZ = settings(max_examples=CASES, deadline=None, derandomize=True, database=No
 
 
 @pytest.fixture(scope="module")
-def fuzz_app(serve_instance: int):
+def fuzz_graph():
     args = {"n_parallel": 4, "n_ctx": 64, "max_body_bytes": BODY_LIMIT,
             "chat_template_file": "models/tiny-python-tools.jinja"}
-    with dedicated_app(serve_instance, APP, args) as base:
-        yield base
+    with local_graph_parts(args, engines.mlx_engine) as parts:
+        yield parts
         for kind, statuses in STATUSES.items():
             n = sum(v for k, v in statuses.items() if isinstance(k, int))
             print(f"\n{kind}: {n} requests, by status {dict(statuses)}")
 
 
 @pytest.fixture(scope="module")
-def http(fuzz_app: str):
-    with httpx.Client(base_url=fuzz_app, timeout=60) as client:
-        yield client
+def http(fuzz_graph) -> httpx.Client:
+    return fuzz_graph[0]
 
 
 def check_answer(kind: str, status: int, body: bytes) -> None:
@@ -238,17 +242,21 @@ def test_non_finite_numbers(http):
     assert r.json()["generation_settings"]["temperature"] is None
 
 
-def test_body_over_the_limit_is_413(http):
-    big = encode({"prompt": "x" * BODY_LIMIT})
-    r = http.post("/completion", content=big)
+@pytest.mark.parametrize("graph", ["local", "served"])
+def test_body_over_the_limit_is_413(http, tools_http, graph):
+    """On the fuzz graph (64 KiB) and over a real socket on the tools graph (the default 16 MiB),
+    where a chunked body is refused while it streams in."""
+    client, limit = (http, BODY_LIMIT) if graph == "local" else (tools_http, DEFAULT_BODY_LIMIT)
+    big = encode({"prompt": "x" * limit})
+    r = client.post("/completion", content=big)
     assert r.status_code == 413
     assert "too large" in assert_envelope(413, r.content)["message"]
 
-    def chunks():  # no Content-Length: refused while it streams in
+    def chunks():  # no Content-Length
         for _ in range(4):
-            yield b" " * BODY_LIMIT
+            yield b" " * (limit // 2)
 
-    r = http.post("/tokenize", content=chunks())
+    r = client.post("/tokenize", content=chunks())
     assert r.status_code == 413
     assert_envelope(413, r.content)
 
@@ -269,14 +277,19 @@ schema.config.phases.update(phases=["examples", "fuzzing"] + (["coverage"] if CO
     path_regex="^/(completion|tokenize|detokenize|v1/completions|v1/chat/completions)$",
 ).parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-def test_openapi_schema_fuzz(case, fuzz_app):
-    response = case.call(base_url=fuzz_app, timeout=60)
+def test_openapi_schema_fuzz(case, http):
+    request = case.as_transport_kwargs(base_url=str(http.base_url))  # requests' keywords
+    content = request.get("data")
+    if "json" in request:  # as requests encodes it (NaN allowed), not as httpx would
+        content = json.dumps(request["json"]).encode()
+    response = http.request(request["method"], request["url"], params=request.get("params"),
+                            headers=request.get("headers"), content=content)
     check_answer("schemathesis", response.status_code, response.content)
 
 
-def test_server_healthy_and_idle_after_the_fuzz(http):
+def test_server_healthy_and_idle_after_the_fuzz(http, fuzz_graph):
     assert http.get("/health").status_code == 200
     r = http.post("/completion", json={"prompt": "def main():\n", "n_predict": 4})
     assert r.status_code == 200
-    state = engine_state(APP)
+    state = engine_state(fuzz_graph[1])
     assert state["alive"] and is_idle(state)
