@@ -20,6 +20,10 @@ MARKERS = (
     "<｜Assistant｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<|channel|>",
     "<|message|>", "<|start|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>",
     "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>",
+    "[ARGS]", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<minimax:tool_call>",
+    "</minimax:tool_call>",
 )
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get weather",

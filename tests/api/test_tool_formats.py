@@ -113,6 +113,11 @@ FORMATS = {
                     '{"location": "Paris"}'),
     "gpt_oss": ({"tool_choice": "required", "logit_bias": [["<|end|>", 100]]},
                 '{"location": "Paris"}'),
+    # four of the formats beyond the first six (tests/api/test_tool_families.py has them all)
+    "mistral_args": ({"tool_choice": "required"}, '{"location": "Paris"}'),
+    "glm": ({"tool_choice": "required"}, '{"location":"Paris"}'),
+    "kimi_k2": ({"tool_choice": "required"}, '{"location": "Paris"}'),
+    "minimax_m2": ({"tool_choice": "required"}, '{"location":"Paris"}'),
 }
 
 
@@ -131,6 +136,8 @@ def test_forced_call_streamed_and_not(engine, endpoints, name):
     assert json.loads(call["function"]["arguments"]) == {"location": "Paris"}
     if name == "mistral":  # the model's own id (9 alphanumerics, as the grammar writes it)
         assert re.fullmatch(r"[a-zA-Z0-9]{9}", call["id"])
+    elif name == "kimi_k2":  # the model's own id
+        assert call["id"] == "functions.get_weather:0"
     else:
         assert ID32.match(call["id"])
     assert list(message)[:2] == ["role", "content"]

@@ -11,25 +11,56 @@ llguidance never matches special tokens by their text.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deployments.api.errors import invalid
-from deployments.api.tools.parsers import R1_CALL, R1_CALL_END, R1_CALLS, R1_CALLS_END, R1_SEP
+from deployments.api.tools.families import (
+    FAMILIES,
+    K2_ARGS,
+    K2_CALL,
+    K2_CALL_END,
+    K2_SECTION,
+    K2_SECTION_END,
+    R1_CALL,
+    R1_CALL_END,
+    R1_CALLS,
+    R1_CALLS_END,
+    R1_SEP,
+)
+from deployments.api.tools.family_grammars import FAMILY_RULES
+from deployments.api.tools.lark_rules import Lark, SpecialToken, tagged_rules, tool_args
 from deployments.api.tools.syntax import (
+    APERTUS,
+    APRIEL,
+    COMMAND_R7B,
     DEEPSEEK_R1,
+    DEEPSEEK_V3_1,
+    DSML,
+    FUNCTIONARY_V3_1,
+    FUNCTIONARY_V3_2,
+    GEMMA4,
+    GIGACHAT3,
+    GIGACHAT3_1,
+    GLM,
     GPT_OSS,
     HERMES,
+    HUNYUAN,
+    KIMI_K2,
+    LFM2,
     LLAMA3,
+    MINICPM5,
+    MINIMAX_M1,
+    MINIMAX_M2,
+    MINIMAX_M3,
     MISTRAL,
+    MISTRAL_ARGS,
+    NEMOTRON_V2,
     QWEN3_CODER,
+    SEED_OSS,
+    SOLAR,
     ChatSyntax,
 )
-from engine.grammar_text import GrammarError, json_lark
+from deployments.api.tools.tagged import DSML_BAR, MM, TAGGED
 from engine.types import TRIGGER_WORD
-
-SpecialToken = Callable[[str], "int | None"]
 
 # Special-token markers of each format: rendered as text in the output (preserved tokens).
 MARKERS: dict[str, tuple[str, ...]] = {
@@ -40,8 +71,35 @@ MARKERS: dict[str, tuple[str, ...]] = {
     DEEPSEEK_R1: (R1_CALLS, R1_CALLS_END, R1_CALL, R1_CALL_END, R1_SEP),
     GPT_OSS: ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>",
               "<|call|>"),
+    MISTRAL_ARGS: ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    GLM: ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+          "</arg_value>"),
+    KIMI_K2: (K2_SECTION, K2_SECTION_END, K2_CALL, K2_ARGS, K2_CALL_END),
+    MINIMAX_M2: ("<minimax:tool_call>", "</minimax:tool_call>"),
+    SEED_OSS: ("<seed:tool_call>", "</seed:tool_call>"),
+    FUNCTIONARY_V3_1: ("<function=",),
+    APRIEL: ("<tool_calls>", "</tool_calls>"),
+    NEMOTRON_V2: ("<TOOLCALL>", "</TOOLCALL>"),
+    COMMAND_R7B: ("<|START_ACTION|>", "<|END_ACTION|>"),
+    DEEPSEEK_V3_1: (R1_CALLS, R1_CALLS_END, R1_CALL, R1_CALL_END, R1_SEP),
+    APERTUS: ("<|tools_prefix|>", "<|tools_suffix|>"),
+    GIGACHAT3: ("<|message_sep|>", "<|role_sep|>"),
+    GIGACHAT3_1: ("<|function_call|>",),
+    MINIMAX_M1: ("<tool_calls>", "</tool_calls>"),
+    SOLAR: ("<|tool_calls|>", "<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>",
+            "<|tool_call:end|>", "<|calls|>"),
+    MINICPM5: (),
+    HUNYUAN: ("<tool_calls:opensource>", "</tool_calls:opensource>", "<tool_call:opensource>",
+              "</tool_call:opensource>", "<tool_sep:opensource>", "<arg_key:opensource>",
+              "</arg_key:opensource>", "<arg_value:opensource>", "</arg_value:opensource>"),
+    # parsed, not constrained (no grammar yet: docs/tools.md)
+    DSML: (f"<{DSML_BAR}function_calls>", f"</{DSML_BAR}function_calls>",
+           f"<{DSML_BAR}tool_calls>", f"</{DSML_BAR}tool_calls>"),
+    MINIMAX_M3: (MM,),
+    GEMMA4: ("<|tool_call>", "<tool_call|>", '<|"|>'),
+    LFM2: ("<|tool_call_start|>", "<|tool_call_end|>"),
+    FUNCTIONARY_V3_2: (),
 }
-_NOT_PARAM_END = r"/(?s:.*)/ & ~/(?s:.*)\n<\/parameter>(?s:.*)/"
 
 
 @dataclass
@@ -54,44 +112,7 @@ class Constraint:
     preserved: list[str] = field(default_factory=list)
 
 
-class _Lark:
-    """Lark text for one format: literals with the format's special tokens as token ids."""
-
-    def __init__(self, markers: tuple[str, ...], special: SpecialToken):
-        ids = {m: special(m) for m in markers}
-        self.tokens = {m: i for m, i in ids.items() if i is not None}
-        self.split = re.compile("(" + "|".join(map(re.escape, self.tokens)) + ")") \
-            if self.tokens else None
-
-    def lit(self, text: str) -> str:
-        parts = self.split.split(text) if self.split else [text]
-        out = []
-        for part in parts:
-            if part in self.tokens:
-                out.append(f"<[{self.tokens[part]}]>")
-            elif part:
-                out.append(json.dumps(part, ensure_ascii=False))
-        return " ".join(out)
-
-
-def _schema(tool: dict) -> dict:
-    params = tool.get("parameters")
-    return params if isinstance(params, dict) and params else {"type": "object"}
-
-
-def _args(tool: dict) -> str:
-    return _json(_schema(tool))
-
-
-def _json(schema: dict) -> str:
-    try:
-        return json_lark(schema)
-    except GrammarError as exc:
-        # the reference's build_grammar throws this for any tool's schema; ex_wrapper: 400
-        raise invalid(f"JSON schema conversion failed:\n{exc}") from None
-
-
-def _json_calls(lark: _Lark, tools: list[dict], head: str, key: str, tail: str, sep: str,
+def _json_calls(lark: Lark, tools: list[dict], head: str, key: str, tail: str, sep: str,
                 parallel: bool, suffix: str = "") -> list[str]:
     """Rules of formats whose call is ``head {"name": N, key: ARGS[suffix]} tail``."""
     rules = []
@@ -99,56 +120,33 @@ def _json_calls(lark: _Lark, tools: list[dict], head: str, key: str, tail: str, 
         name = json.dumps(tool["name"], ensure_ascii=False)
         opening = lark.lit(head + '{"name": ' + name + ', "' + key + '": ')
         rules.append(f"fn{i}: {opening} args{i} {suffix}{lark.lit('}' + tail)}")
-        rules.append(f"args{i}: {_args(tool)}")
+        rules.append(f"args{i}: {tool_args(tool)}")
     rules.insert(0, "call: " + " | ".join(f"fn{i}" for i in range(len(tools))))
     rules.insert(0, f"calls: call ({lark.lit(sep)} call)*" if parallel else "calls: call")
     return rules
 
 
-def _qwen3_coder(lark: _Lark, tools: list[dict], parallel: bool) -> list[str]:
+def _qwen3_coder(lark: Lark, tools: list[dict], parallel: bool) -> list[str]:
     """``<tool_call>\n<function=N>\n<parameter=P>\nV\n</parameter>\n...</function>\n
-    </tool_call>``, the wrapper optional (the reference's first call may omit it); string
-    values are any text up to ``\n</parameter>``, other types JSON."""
+    </tool_call>``, the wrapper optional (the reference's first call may omit it)."""
     wrapped = f"{lark.lit('<tool_call>' + chr(10))} fn {lark.lit(chr(10) + '</tool_call>')}"
-    rules = [f"calls: call ({lark.lit(chr(10))} call)*" if parallel else "calls: call",
+    return ([f"calls: call ({lark.lit(chr(10))} call)*" if parallel else "calls: call",
              f"call: {wrapped} | fn",
              "fn: " + " | ".join(f"fn{i}" for i in range(len(tools)))]
-    for i, tool in enumerate(tools):
-        schema = _schema(tool)
-        props = schema.get("properties") or {}
-        required = [p for p in schema.get("required", []) if p in props]
-        params = []
-        for j, (pname, pschema) in enumerate(props.items()):
-            rules.append(f"v{i}_{j}: {_xml_value(lark, pschema)}")
-            value = f"v{i}_{j}"
-            item = (f"{lark.lit(f'<parameter={pname}>' + chr(10))} {value} "
-                    f"{lark.lit(chr(10) + '</parameter>' + chr(10))}")
-            params.append(item if pname in required else f"({item})?")
-        rules.append(f"fn{i}: {lark.lit('<function=' + tool['name'] + '>' + chr(10))} "
-                     f"{' '.join(params)} {lark.lit('</function>')}")
-    return rules + [f"TEXT: {_NOT_PARAM_END}"]
+            + tagged_rules(lark, tools, lambda n: f"<function={n}>\n",
+                      lambda p: (f"<parameter={p}>\n", "\n</parameter>\n"), "</function>",
+                      "TEXT"))
 
 
-def _xml_value(lark: _Lark, schema: dict) -> str:
-    """A parameter's value: a string is its text (one of its enum values when it has them),
-    anything else JSON."""
-    if not isinstance(schema, dict) or schema.get("type", "string") == "string":
-        values = schema.get("enum") if isinstance(schema, dict) else None
-        if isinstance(values, list) and all(isinstance(v, str) for v in values):
-            return " | ".join(lark.lit(v) for v in values)
-        return "TEXT"
-    return _json(schema)
-
-
-def _gpt_oss(lark: _Lark, tools: list[dict]) -> list[str]:
+def _gpt_oss(lark: Lark, tools: list[dict]) -> list[str]:
     rules = ["calls: call", "call: " + " | ".join(f"fn{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
         head = f"<|channel|>commentary to=functions.{tool['name']} <|constrain|>json<|message|>"
-        rules += [f"fn{i}: {lark.lit(head)} args{i}", f"args{i}: {_args(tool)}"]
+        rules += [f"fn{i}: {lark.lit(head)} args{i}", f"args{i}: {tool_args(tool)}"]
     return rules
 
 
-def _call_rules(fmt: str, lark: _Lark, tools: list[dict], parallel: bool) -> list[str]:
+def _call_rules(fmt: str, lark: Lark, tools: list[dict], parallel: bool) -> list[str]:
     if fmt == HERMES:
         return _json_calls(lark, tools, "<tool_call>\n", "arguments", "\n</tool_call>", "\n",
                            parallel)
@@ -166,12 +164,14 @@ def _call_rules(fmt: str, lark: _Lark, tools: list[dict], parallel: bool) -> lis
         for i, tool in enumerate(tools):
             rules += [f"fn{i}: {lark.lit(head + tool['name'] + chr(10) + '```json' + chr(10))} "
                       f"args{i} {lark.lit(chr(10) + '```' + R1_CALL_END)}",
-                      f"args{i}: {_args(tool)}"]
+                      f"args{i}: {tool_args(tool)}"]
         calls = "call (\"\\n\" call)*" if parallel else "call"
         return [f"calls: {lark.lit(R1_CALLS)} {calls} {lark.lit(R1_CALLS_END)}",
                 "call: " + " | ".join(f"fn{i}" for i in range(len(tools)))] + rules
     if fmt == QWEN3_CODER:
         return _qwen3_coder(lark, tools, parallel)
+    if fmt in FAMILY_RULES:
+        return FAMILY_RULES[fmt](lark, tools, parallel)
     return _gpt_oss(lark, tools)
 
 
@@ -187,7 +187,17 @@ def triggers(fmt: str, tools: list[dict]) -> list[str]:
         return [R1_CALLS]
     if fmt == GPT_OSS:
         return ["<|channel|>commentary to="]
+    if fmt in FAMILIES or fmt in TAGGED:
+        return list({**FAMILIES, **TAGGED}[fmt][0])
     return []
+
+
+BUILT_IN = (HERMES, LLAMA3, MISTRAL, DEEPSEEK_R1, QWEN3_CODER, GPT_OSS)
+
+
+def has_grammar(fmt: str) -> bool:
+    """Whether the format's calls are constrained (the others are parsed only)."""
+    return fmt in BUILT_IN or fmt in FAMILY_RULES
 
 
 def tool_constraint(syntax: ChatSyntax, tools: list[dict], lazy: bool, parallel: bool,
@@ -197,9 +207,9 @@ def tool_constraint(syntax: ChatSyntax, tools: list[dict], lazy: bool, parallel:
     markers = MARKERS.get(fmt, ()) + ((syntax.think_start, syntax.think_end)
                                       if syntax.thinks else ())
     words = triggers(fmt, tools)
-    if not tools or fmt not in MARKERS or (lazy and not words):
+    if not tools or not has_grammar(fmt) or (lazy and not words):
         return Constraint(preserved=list(markers))
-    lark = _Lark(markers, special)
+    lark = Lark(markers, special)
     rules = _call_rules(fmt, lark, tools, parallel)
     first = "" if lazy else _reasoning_first(syntax, lark)
     if first:
@@ -209,7 +219,7 @@ def tool_constraint(syntax: ChatSyntax, tools: list[dict], lazy: bool, parallel:
                       list(markers))
 
 
-def _reasoning_first(syntax: ChatSyntax, lark: _Lark) -> str:
+def _reasoning_first(syntax: ChatSyntax, lark: Lark) -> str:
     """Reasoning the generation prompt opened comes first, up to its end tag."""
     if syntax.format == GPT_OSS:
         lark_end = lark.lit("<|end|><|start|>assistant")

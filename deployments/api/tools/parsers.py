@@ -17,9 +17,21 @@ import json
 import re
 from collections.abc import Callable
 
+from deployments.api.tools.families import (
+    FAMILIES,
+    R1_CALL,
+    R1_CALL_END,
+    R1_CALLS,
+    R1_CALLS_END,
+    R1_SEP,
+    escaped,
+    functionary_v3_2,
+    is_string,
+)
 from deployments.api.tools.scan import Cursor, Incomplete, Mismatch, held_back, json_object
 from deployments.api.tools.syntax import (
     DEEPSEEK_R1,
+    FUNCTIONARY_V3_2,
     GPT_OSS,
     HERMES,
     LLAMA3,
@@ -30,6 +42,7 @@ from deployments.api.tools.syntax import (
     ParseFailure,
     ToolCall,
 )
+from deployments.api.tools.tagged import TAGGED
 
 Calls = list[ToolCall]
 ReadCalls = Callable[[Cursor, ChatSyntax, Calls], None]
@@ -41,6 +54,8 @@ def parse(text: str, syntax: ChatSyntax, partial: bool, hold: bool | None = None
     hold = partial if hold is None else hold
     if syntax.format == GPT_OSS:
         return _harmony(text, syntax, partial, hold)
+    if syntax.format == FUNCTIONARY_V3_2 and syntax.parse_tools:
+        return functionary_v3_2(text, syntax, partial, hold)
     reasoning, rest = split_reasoning(text, syntax, partial, hold)
     if syntax.json_only and not partial:
         _check_json(rest)
@@ -196,10 +211,6 @@ def _mistral(cur: Cursor, syntax: ChatSyntax, calls: Calls) -> None:
         raise Mismatch
 
 
-R1_CALLS, R1_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-R1_CALL, R1_CALL_END, R1_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-
-
 def _deepseek_r1(cur: Cursor, syntax: ChatSyntax, calls: Calls) -> None:
     cur.expect(R1_CALLS)
     while True:
@@ -226,15 +237,6 @@ def _deepseek_r1(cur: Cursor, syntax: ChatSyntax, calls: Calls) -> None:
         json_object(call.arguments)
         cur.expect("\n```")
         cur.expect(R1_CALL_END)
-
-
-STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}  # mlx-lm's qwen3_coder
-
-
-def _is_string(syntax: ChatSyntax, tool: str, param: str) -> bool:
-    schema = ((syntax.tool(tool) or {}).get("parameters") or {}).get("properties", {})
-    kind = schema.get(param, {}).get("type", "string") if isinstance(schema, dict) else "string"
-    return str(kind).strip().lower() in STRING_TYPES
 
 
 def _qwen3_coder(cur: Cursor, syntax: ChatSyntax, calls: Calls) -> None:
@@ -266,7 +268,7 @@ def _xml_arguments(cur: Cursor, syntax: ChatSyntax, calls: Calls, name: str) -> 
         cur.expect("<parameter=")
         param = cur.until(">")
         cur.expect("\n")
-        string = _is_string(syntax, name, param)
+        string = is_string(syntax, name, param)
         head = ("" if done == "{" else ",") + json.dumps(param, ensure_ascii=False) + ":"
         head += '"' if string else ""
         call.arguments = done + head
@@ -274,22 +276,18 @@ def _xml_arguments(cur: Cursor, syntax: ChatSyntax, calls: Calls, name: str) -> 
             value = cur.until("\n</parameter>")
         except Incomplete:
             so_far = held_back(cur.rest, "\n</parameter>")
-            call.arguments += _escaped(so_far) if string else so_far
+            call.arguments += escaped(so_far) if string else so_far
             raise
         if not string:
             try:
                 json.loads(value)
             except ValueError:
                 raise Mismatch from None
-        done += head + (_escaped(value) + '"' if string else value.strip())
+        done += head + (escaped(value) + '"' if string else value.strip())
         call.arguments = done
         cur.ws()
     cur.expect("</function>")
     call.arguments = done + "}"
-
-
-def _escaped(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 # ---- GPT-OSS (harmony) ----------------------------------------------------------------------
@@ -310,6 +308,8 @@ def _harmony(text: str, syntax: ChatSyntax, partial: bool, hold: bool) -> ChatMe
             role = ""
             if cur.peek("<|start|>"):
                 cur.expect("<|start|>assistant")
+                role = cur.until("<|channel|>")
+            elif cur.pos == 0 and cur.peek(" to="):  # the prompt's <|start|>assistant goes on
                 role = cur.until("<|channel|>")
             else:
                 cur.expect("<|channel|>")
@@ -356,4 +356,6 @@ FORMATS: dict[str, tuple[tuple[str, ...], ReadCalls]] = {
     LLAMA3: (("{",), _llama3),
     MISTRAL: (("[TOOL_CALLS]",), _mistral),
     DEEPSEEK_R1: ((R1_CALLS,), _deepseek_r1),
+    **FAMILIES,
+    **TAGGED,
 }
