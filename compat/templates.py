@@ -52,6 +52,7 @@ class TemplateCheck:
     call_text: str = ""  # the call as the template writes it, as the model would generate it
     round_trip: bool = False
     triggers: tuple[str, ...] = ()
+    reasoning: tuple[str, ...] = ()  # the reasoning tags the template renders
     error: str = ""
     conversation: str = ""
 
@@ -67,7 +68,7 @@ class TemplateCheck:
 def check(name: str, source: str, tokenizer: Any) -> TemplateCheck:
     template = ChatTemplate(tokenizer, source)
     tools = read_tools({"tools": TOOLS})
-    out = TemplateCheck(name, template.format)
+    out = TemplateCheck(name, template.format, reasoning=template.think_tags or ())
     messages = [template_message(USER, template.object_arguments)]
     call = template_message({"role": "assistant", "content": "", "tool_calls": [CALL]},
                             template.object_arguments)
@@ -147,12 +148,13 @@ def check_folder(folder: Path, tokenizer: Any) -> list[TemplateCheck]:
 
 
 def markdown(checks: list[TemplateCheck]) -> str:
-    lines = ["| template | format | tool call | `auto` grammar armed at |",
-             "|---|---|---|---|"]
+    lines = ["| template | format | tool call | `auto` grammar armed at | reasoning |",
+             "|---|---|---|---|---|"]
     for c in checks:
         armed = ", ".join(f"`{json.dumps(t, ensure_ascii=False)[1:-1]}`"
                           for t in c.triggers).replace("|", "\\|") or "-"
-        lines.append(f"| {c.name} | {c.format} | {c.verdict} | {armed} |")
+        tags = " … ".join(f"`{t}`" for t in c.reasoning).replace("|", "\\|") or "-"
+        lines.append(f"| {c.name} | {c.format} | {c.verdict} | {armed} | {tags} |")
     passed = sum(c.round_trip for c in checks)
     calls = sum(c.renders_calls for c in checks)
     lines.append("")

@@ -11,7 +11,7 @@ from typing import Any
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from deployments.api.errors import invalid
-from deployments.api.tools.syntax import detect_format
+from deployments.api.tools.syntax import detect_format, detect_think_tags
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
@@ -30,7 +30,8 @@ class ChatTemplate:
         self.kwargs = dict(kwargs or {})  # the server's chat_template_kwargs, under a request's
         self.source: str = source or getattr(hf_tokenizer, "chat_template", None) or CHATML
         self.format = detect_format(self.source)  # its tool-call format (deployments/api/tools)
-        self.thinks = "<think>" in self.source  # it renders <think> reasoning
+        self.think_tags = detect_think_tags(self.source)  # its reasoning tags, if any
+        self.thinks = self.think_tags is not None
         self.object_arguments = self._reads_object_arguments()
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,

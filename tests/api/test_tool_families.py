@@ -19,7 +19,12 @@ from deployments.api.chat_template import ChatTemplate
 from deployments.api.tools.families import FAMILIES
 from deployments.api.tools.grammars import has_grammar, tool_constraint
 from deployments.api.tools.parsers import parse
-from deployments.api.tools.syntax import ChatSyntax, ParseFailure, detect_format
+from deployments.api.tools.syntax import (
+    ChatSyntax,
+    ParseFailure,
+    detect_format,
+    detect_think_tags,
+)
 from deployments.api.tools.tagged import TAGGED
 
 MODEL = str(Path(__file__).resolve().parents[2] / "models" / "tiny-python")
@@ -195,3 +200,32 @@ def test_a_template_may_change_its_lists_and_tojson_a_generator(tokenizer):
         [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], False)
     assert rendered == '["user", "assistant"] ["a", "b"] assistant'
     assert detect_format(source) == "content"
+
+
+@pytest.mark.parametrize(("source", "tags"), [
+    ("{{ '<seed:think>' }}{{ '</seed:think>' }}", ("<seed:think>", "</seed:think>")),
+    ("{%- set t = '<think{}>'.format(':opensource') %}<think>", ("<think:opensource>",
+                                                                "</think:opensource>")),
+    ("[THINK]{{ x }}[/THINK]", ("[THINK]", "[/THINK]")),
+    ("<|START_THINKING|>", ("<|START_THINKING|>", "<|END_THINKING|>")),
+    ("{{ '<|channel>thought\\n' }}", ("<|channel>thought", "<channel|>")),
+    ("<mm:think><think>", ("<mm:think>", "</mm:think>")),
+    ("<think>", ("<think>", "</think>")),
+    ("no reasoning", None),
+])
+def test_the_templates_reasoning_tags(source, tags):
+    assert detect_think_tags(source) == tags
+
+
+def test_the_reasoning_is_split_at_the_templates_own_tags():
+    text = "<seed:think>Paris, surely.</seed:think>" + CALLS["seed_oss"][0]
+    message = parse(text, ChatSyntax(format="seed_oss", tools=TOOLS, parse_tools=True,
+                                     reasoning=True, thinks=True, think_start="<seed:think>",
+                                     think_end="</seed:think>"), False)
+    assert message.reasoning_content == "Paris, surely."
+    assert [c.name for c in message.tool_calls] == ["get_weather"]
+    made = tool_constraint(ChatSyntax(format="seed_oss", tools=TOOLS, parse_tools=True,
+                                      reasoning=True, thinks=True, in_reasoning=True,
+                                      think_start="<seed:think>", think_end="</seed:think>"),
+                           list(TOOLS), False, True, lambda _: None)
+    assert "<seed:think>" in made.preserved and "<\\/seed:think>" in made.grammar

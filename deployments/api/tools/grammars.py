@@ -27,7 +27,7 @@ from deployments.api.tools.families import (
     R1_SEP,
 )
 from deployments.api.tools.family_grammars import FAMILY_RULES
-from deployments.api.tools.lark_rules import Lark, SpecialToken, tagged_rules, tool_args
+from deployments.api.tools.lark_rules import Lark, SpecialToken, regex_text, tagged_rules, tool_args
 from deployments.api.tools.syntax import (
     APERTUS,
     APRIEL,
@@ -213,7 +213,7 @@ def tool_constraint(syntax: ChatSyntax, tools: list[dict], lazy: bool, parallel:
     rules = _call_rules(fmt, lark, tools, parallel)
     first = "" if lazy else _reasoning_first(syntax, lark)
     if first:
-        rules.append(THOUGHT_RULE)
+        rules.append(thought_rule(syntax.think_end))
     grammar = "%llguidance {}\nstart: " + first + "calls\n" + "\n".join(rules) + "\n"
     return Constraint(grammar, lazy, [{"type": TRIGGER_WORD, "value": w} for w in words],
                       list(markers))
@@ -229,4 +229,6 @@ def _reasoning_first(syntax: ChatSyntax, lark: Lark) -> str:
     return f"THOUGHT {lark.lit(syntax.think_end)} /[ \\t\\n]{{0,2}}/ "
 
 
-THOUGHT_RULE = "THOUGHT: /(?s:.*)/ & ~/(?s:.*)(<\\/think>|<\\|end\\|>)(?s:.*)/"
+def thought_rule(end: str) -> str:
+    """Reasoning: any text without the end tag (nor harmony's ``<|end|>``)."""
+    return f"THOUGHT: /(?s:.*)/ & ~/(?s:.*)({regex_text(end)}|<\\|end\\|>)(?s:.*)/"

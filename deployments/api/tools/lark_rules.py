@@ -99,8 +99,7 @@ def tagged_rules(lark: Lark, tools: list[dict], opening: Callable[[str], str],
             items.append(item if pname in required else f"({item})?")
         rules.append(f"fn{i}: {lark.lit(opening(tool['name']))} {' '.join(items)} "
                      f"{lark.lit(closing)}")
-    pattern = "".join("\\n" if c == "\n" else "\\/" if c == "/" else re.escape(c)
-                      for c in end)
+    pattern = regex_text(end)
     if in_text:  # up to the first closing tag, the tag included
         return rules + [f"{terminal}: /(?s:.*){pattern}/ & ~/(?s:.*){pattern}(?s:.+)/"]
     return rules + [f"{terminal}: /(?s:.*)/ & ~/(?s:.*){pattern}(?s:.*)/"]
@@ -129,3 +128,8 @@ def json_in(opening: str, closing: str, sep: str, head: Callable[[dict], str], t
 
 def quoted(tool: dict) -> str:
     return json.dumps(tool["name"], ensure_ascii=False)
+
+
+def regex_text(text: str) -> str:
+    """``text`` as a literal inside a Lark ``/.../`` regex."""
+    return "".join("\\n" if c == "\n" else "\\/" if c == "/" else re.escape(c) for c in text)

@@ -137,7 +137,7 @@ def chat_syntax(template, request: ToolRequest, reasoning_format: str, json_sche
                 prompt_tail: str) -> ChatSyntax:
     fmt = template.format if request.declared or template.format == GPT_OSS else CONTENT
     reasoning = template.thinks and reasoning_format != "none"
-    start, end = "<think>", "</think>"
+    start, end = getattr(template, "think_tags", None) or ("<think>", "</think>")
     opened = prompt_tail.rfind(start) > prompt_tail.rfind(end)
     return ChatSyntax(
         format=fmt, tools=tuple(request.declared),

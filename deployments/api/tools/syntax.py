@@ -79,6 +79,26 @@ DETECTION: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+# Reasoning tags by template-source substrings, first match wins (spec §2's handlers).
+THINK_TAGS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("<seed:think>",), "<seed:think>", "</seed:think>"),  # Seed-OSS
+    (("<mm:think>",), "<mm:think>", "</mm:think>"),  # MiniMax-M3
+    (("<think{}>", ":opensource"), "<think:opensource>", "</think:opensource>"),  # Hunyuan
+    (("[THINK]", "[/THINK]"), "[THINK]", "[/THINK]"),  # Ministral 3, Magistral
+    (("<|START_THINKING|>",), "<|START_THINKING|>", "<|END_THINKING|>"),  # Command R7B
+    (("<|channel>thought",), "<|channel>thought", "<channel|>"),  # Gemma 4
+    (("<think>",), "<think>", "</think>"),
+)
+
+
+def detect_think_tags(source: str) -> tuple[str, str] | None:
+    """The reasoning tags a template renders, or None."""
+    for needles, start, end in THINK_TAGS:
+        if all(needle in source for needle in needles):
+            return start, end
+    return None
+
+
 def detect_format(source: str) -> str:
     """The tool-call format a template renders; CONTENT when it renders no tool calls."""
     if "tools" not in source and "tool_calls" not in source:
