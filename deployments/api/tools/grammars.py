@@ -134,7 +134,7 @@ def _qwen3_coder(lark: Lark, tools: list[dict], parallel: bool) -> list[str]:
              f"call: {wrapped} | fn",
              "fn: " + " | ".join(f"fn{i}" for i in range(len(tools)))]
             + tagged_rules(lark, tools, lambda n: f"<function={n}>\n",
-                      lambda p: (f"<parameter={p}>\n", "\n</parameter>\n"), "</function>",
+                      lambda p, _: (f"<parameter={p}>\n", "\n</parameter>\n"), "</function>",
                       "TEXT"))
 
 

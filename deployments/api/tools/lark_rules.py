@@ -75,38 +75,52 @@ def calls_rules(lark: Lark, tools: list[dict], parallel: bool, fn: Callable[[int
     return rules
 
 
-def tagged_rules(lark: Lark, tools: list[dict], opening: Callable[[str], str],
-            param: Callable[[str], tuple[str, str]], closing: str, terminal: str) -> list[str]:
+Param = Callable[[str, bool], tuple[str, str]]  # (name, is a string) -> its opening, closing
+
+
+def tagged_rules(lark: Lark, tools: list[dict], opening: Callable[[str], str], param: Param,
+                 closing: str, terminal: str) -> list[str]:
     """Calls whose arguments are tagged parameters: ``opening(N) (param_open V param_close)*
     closing``, required parameters first as the templates render them; a string is any text
     up to its closing tag (the terminal ends with the tag, llguidance's lexer being greedy,
     unless the tag is a special token), other types JSON."""
-    end = param("p")[1].rstrip()
-    in_text = end not in lark.tokens
-    rules = []
+    rules: list[str] = []
+    texts: dict[str, str] = {}  # each closing tag's text terminal
     for i, tool in enumerate(tools):
         schema = tool_schema(tool)
         props = schema.get("properties") or {}
         required = [p for p in schema.get("required", []) if p in props]
         items = []
         for j, (pname, pschema) in enumerate(props.items()):
-            before, after = param(pname)
             value = xml_value(lark, pschema)
-            if value == "TEXT" and in_text:
-                after = after[len(end):]
-            rules.append(f"v{i}_{j}: {terminal if value == 'TEXT' else value}")
+            before, after = param(pname, value == "TEXT" or not is_typed(pschema))
+            end = after.rstrip()
+            if value == "TEXT":
+                value = texts.setdefault(end, f"{terminal}{len(texts) or ''}")
+                if end not in lark.tokens:
+                    after = after[len(end):]
+            rules.append(f"v{i}_{j}: {value}")
             item = f"{lark.lit(before)} v{i}_{j} {lark.lit(after)}".rstrip()
             items.append(item if pname in required else f"({item})?")
         rules.append(f"fn{i}: {lark.lit(opening(tool['name']))} {' '.join(items)} "
                      f"{lark.lit(closing)}")
+    return rules + [_text_terminal(name, end, end not in lark.tokens)
+                    for end, name in texts.items()]
+
+
+def is_typed(schema: dict) -> bool:
+    return isinstance(schema, dict) and schema.get("type", "string") != "string"
+
+
+def _text_terminal(name: str, end: str, in_text: bool) -> str:
     pattern = regex_text(end)
     if in_text:  # up to the first closing tag, the tag included
-        return rules + [f"{terminal}: /(?s:.*){pattern}/ & ~/(?s:.*){pattern}(?s:.+)/"]
-    return rules + [f"{terminal}: /(?s:.*)/ & ~/(?s:.*){pattern}(?s:.*)/"]
+        return f"{name}: /(?s:.*){pattern}/ & ~/(?s:.*){pattern}(?s:.+)/"
+    return f"{name}: /(?s:.*)/ & ~/(?s:.*){pattern}(?s:.*)/"
 
 
 def tagged_calls(opening: str, closing: str, sep: str, fn_open: Callable[[str], str],
-                  param: Callable[[str], tuple[str, str]], fn_close: str, terminal: str):
+                  param: Param, fn_close: str, terminal: str):
     def rules(lark: Lark, tools: list[dict], parallel: bool) -> list[str]:
         many = f"call ({lark.lit(sep)} call)*" if parallel else "call"
         head = lark.lit(opening) + " " if opening else ""

@@ -101,7 +101,7 @@ def detect_think_tags(source: str) -> tuple[str, str] | None:
 
 def detect_format(source: str) -> str:
     """The tool-call format a template renders; CONTENT when it renders no tool calls."""
-    if "tools" not in source and "tool_calls" not in source:
+    if "tools" not in source and "<｜tool▁calls▁begin｜>" not in source:  # R1-Distill: no tools
         return CONTENT
     for name, needles in DETECTION:
         if all(needle in source for needle in needles):
