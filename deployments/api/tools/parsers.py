@@ -24,9 +24,8 @@ from deployments.api.tools.families import (
     R1_CALLS,
     R1_CALLS_END,
     R1_SEP,
-    escaped,
     functionary_v3_2,
-    is_string,
+    json_arguments,
 )
 from deployments.api.tools.scan import Cursor, Incomplete, Mismatch, held_back, json_object
 from deployments.api.tools.syntax import (
@@ -42,7 +41,7 @@ from deployments.api.tools.syntax import (
     ParseFailure,
     ToolCall,
 )
-from deployments.api.tools.tagged import TAGGED
+from deployments.api.tools.tagged import TAGGED, tagged_arguments
 
 Calls = list[ToolCall]
 ReadCalls = Callable[[Cursor, ChatSyntax, Calls], None]
@@ -146,13 +145,7 @@ def _json_call(cur: Cursor, syntax: ChatSyntax, calls: Calls, args_keys: tuple[s
     cur.ws()
     cur.expect(":")
     cur.ws()
-    start = cur.pos
-    try:
-        call.arguments = cur.value()
-    except Incomplete:
-        call.arguments = cur.text[start:] or "{"
-        raise
-    json_object(call.arguments)
+    json_arguments(cur, call)
     cur.ws()
     if with_id:
         cur.expect(",")
@@ -228,13 +221,7 @@ def _deepseek_r1(cur: Cursor, syntax: ChatSyntax, calls: Calls) -> None:
         call = ToolCall(name, "{")
         calls.append(call)
         cur.expect("```json\n")
-        start = cur.pos
-        try:
-            call.arguments = cur.value()
-        except Incomplete:
-            call.arguments = cur.text[start:] or "{"
-            raise
-        json_object(call.arguments)
+        json_arguments(cur, call)
         cur.expect("\n```")
         cur.expect(R1_CALL_END)
 
@@ -261,33 +248,8 @@ def _qwen3_coder(cur: Cursor, syntax: ChatSyntax, calls: Calls) -> None:
 
 
 def _xml_arguments(cur: Cursor, syntax: ChatSyntax, calls: Calls, name: str) -> None:
-    call = ToolCall(name, "{")
-    calls.append(call)
-    done = "{"
-    while cur.peek("<parameter="):
-        cur.expect("<parameter=")
-        param = cur.until(">")
-        cur.expect("\n")
-        string = is_string(syntax, name, param)
-        head = ("" if done == "{" else ",") + json.dumps(param, ensure_ascii=False) + ":"
-        head += '"' if string else ""
-        call.arguments = done + head
-        try:
-            value = cur.until("\n</parameter>")
-        except Incomplete:
-            so_far = held_back(cur.rest, "\n</parameter>")
-            call.arguments += escaped(so_far) if string else so_far
-            raise
-        if not string:
-            try:
-                json.loads(value)
-            except ValueError:
-                raise Mismatch from None
-        done += head + (escaped(value) + '"' if string else value.strip())
-        call.arguments = done
-        cur.ws()
-    cur.expect("</function>")
-    call.arguments = done + "}"
+    tagged_arguments(cur, syntax, calls, name, ("<parameter=", ">\n", "", "\n</parameter>"),
+                     "</function>")
 
 
 # ---- GPT-OSS (harmony) ----------------------------------------------------------------------
