@@ -124,8 +124,8 @@ def local_graph_parts(args: dict | None = None, engine: engines.EngineMaker = en
     replica, ingress = runner.run(build())
     deadline = time.monotonic() + 60
     while replica.engine is None:
-        if replica.load_error is not None:
-            raise replica.load_error
+        if replica.residency.error is not None:
+            raise replica.residency.error
         assert time.monotonic() < deadline, "the fake engine did not start"
         time.sleep(0.01)
     dependency = _servable_dependency()

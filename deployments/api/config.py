@@ -205,10 +205,22 @@ class GraphArgs(BaseModel):
     models_dir: str | None = Field(
         None, description="the folder `models` was found in (mlxray --models-dir, llama-server's "
                           "router mode): /models then answers as the reference's router")
+    models_max: int = Field(4, ge=0, description="router mode: models loaded at once, the least "
+                                                "recently used idle one unloaded past it (0: any)")
+    models_autoload: bool = Field(True, description="router mode: a request loads its model")
+    sleep_idle_seconds: int = Field(-1, ge=-1, description="unload the model after this long "
+                                    "without a request, load it on the next (-1: never)")
     models: tuple[dict[str, Any], ...] = Field(
         (), description="several models in one application: each entry sets one model's keys "
                         "(model, alias, n_parallel, n_ctx, ...) over the ones above; a request's "
                         "`model` picks one by name, the first answers requests that name none")
+
+    @field_validator("sleep_idle_seconds")
+    @classmethod
+    def _sleep_not_zero(cls, seconds: int) -> int:
+        if seconds == 0:
+            raise ValueError("invalid value: cannot be 0 or less than -1")
+        return seconds
 
     @field_validator("reasoning_format")
     @classmethod

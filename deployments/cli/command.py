@@ -317,6 +317,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     fields.update(cli_template.template_fields(ns))
     fields.update(kv_fields(ns))
     fields.update(spec_fields(ns))
+    fields.update(cli_models_dir.router_fields(ns))
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling

@@ -4,9 +4,9 @@ The models are found and named as the reference's ``load_from_models_dir`` (comm
 does: a ``.gguf`` file directly in DIR is a model named after the file less ``.gguf``; a folder
 is a model named after the folder when it holds a ``.gguf`` file (the first shard
 ``-00001-of-`` of a split one), and here also when it is an mlx-lm folder (a ``config.json``).
-Projector (``mmproj``) and draft files are companions, never models. Unlike the reference's
-router, every model found is served from the start (each its own replica deployment, as a
-config's ``models`` list): nothing is loaded or unloaded at run time yet (issue #30).
+Projector (``mmproj``) and draft files are companions, never models. Each model gets its own
+replica deployment (as a config's ``models`` list), started without its model: the router loads
+it on demand (deployments/serve/model_router.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,36 @@ from deployments.api.deployment_names import replica_deployment
 from deployments.cli.refused import Refused
 
 
+def _sleep_seconds(seconds: int) -> str | None:
+    return None if seconds == -1 or seconds > 0 else "invalid value: cannot be 0 or less than -1"
+
+
+def _models_max(count: int) -> str | None:
+    return None if count >= 0 else "invalid value"
+
+
 def options(option: type) -> tuple:
-    """llama-server's --models-dir, as ``option`` (the command's Option class) describes it."""
+    """llama-server's router options, as ``option`` (the command's Option class) describes them."""
     return (
         option(("--models-dir",), "models_dir", "LLAMA_ARG_MODELS_DIR",
-               help="serve every model under this folder instead of -m: its .gguf files and "
-                    "model folders, each named after its file or folder"),
+               help="router mode: every model under this folder instead of -m (its .gguf files "
+                    "and model folders, each named after its file or folder), loaded on demand"),
+        option(("--models-max",), "models_max", "LLAMA_ARG_MODELS_MAX", int,
+               "router mode: models loaded at once, the least recently used idle one unloaded "
+               "past it (default 4; 0: no limit)", check=_models_max),
+        option(("--models-autoload",), "models_autoload", "LLAMA_ARG_MODELS_AUTOLOAD", None,
+               "router mode: a request loads the model it names (default; per request: "
+               "?autoload=)", negative=("--no-models-autoload",)),
+        option(("--sleep-idle-seconds",), "sleep_idle_seconds", None, int,
+               "unload the model after this many seconds without a request, load it again on "
+               "the next (default -1: never)", check=_sleep_seconds),
     )
+
+
+def router_fields(ns: argparse.Namespace) -> dict[str, Any]:
+    """--models-max, --models-autoload and --sleep-idle-seconds where given."""
+    names = ("models_max", "models_autoload", "sleep_idle_seconds")
+    return {name: getattr(ns, name) for name in names if getattr(ns, name, None) is not None}
 
 
 DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")  # the reference's draft_prefixes

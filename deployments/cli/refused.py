@@ -31,8 +31,8 @@ KV_SHIFT = ("reusing cached chunks after the common prefix needs their keys re-r
             "the prefix cache reuses the longest common prefix")
 YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
         "the model's config.json instead")
-ROUTER = ("--models-dir serves every model of its folder from the start, each its own replica "
-          "deployment: nothing is loaded or unloaded on demand yet (issue #30)")
+ROUTER = ("a models preset (per-model settings, pinning, allow-lists) is not read yet: "
+          "--models-dir serves every model of its folder with the command's settings (issue #30)")
 
 REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
@@ -53,9 +53,6 @@ REFUSED: tuple[Unhonored, ...] = (
               "every slot shares the prefix cache: a request reuses the longest cached prefix "
               "whatever slot it gets"),
     Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
-    Unhonored(("--models-max",), "LLAMA_ARG_MODELS_MAX", ROUTER),
-    Unhonored(("--models-autoload", "--no-models-autoload"), "LLAMA_ARG_MODELS_AUTOLOAD",
-              ROUTER),
 )
 
 REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments.api.errors import ApiError, invalid
 from deployments.api.shapes import dumps, sse
 from deployments.serve.failures import from_failure
+from deployments.serve.model_router import HELD
 from engine.types import EngineError
 
 JSON = "application/json; charset=utf-8"
@@ -72,7 +73,28 @@ class EnvelopeOnFailure:
                 await send({"type": "http.response.body", "body": sse(err.body())})
 
 
+class ReleaseHeldModels:
+    """ASGI middleware: the router-mode models a request holds (deployments/serve/
+    model_router.py) are released once its answer has been sent, or its client went away."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        held: list[Callable[[], None]] = []
+        token = HELD.set(held)
+        try:
+            await self.inner(scope, receive, send)
+        finally:
+            HELD.reset(token)
+            for release in held:
+                release()
+
+
 app.add_middleware(EnvelopeOnFailure)
+app.add_middleware(ReleaseHeldModels)
 
 
 @app.exception_handler(ApiError)

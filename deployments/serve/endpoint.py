@@ -16,14 +16,17 @@ from typing import Any
 from fastapi import Request
 from ray.serve.handle import DeploymentHandle
 
+from deployments.api import router_models
 from deployments.api.adapters import AdapterTable
 from deployments.api.chat_template import ChatTemplate
 from deployments.api.config import GraphArgs
 from deployments.api.defaults import server_defaults
 from deployments.api.errors import ApiError, Refusal, invalid
+from deployments.api.model_entries import oai_entry
 from deployments.api.schema import CompletionParams, ParseContext
 from deployments.api.shapes import OaiContext
-from deployments.serve import channel, direct_ingress
+from deployments.serve import channel, direct_ingress, replicas
+from deployments.serve.model_router import HELD, ModelRouter
 from deployments.serve.streams import coalesce, concat_bytes
 from engine.vocab import Vocab, load_vocab
 
@@ -114,6 +117,23 @@ class IngressBase:
         self.by_name = {m.name: m for m in self.models}
         self.api_keys = api_keys(args)
         self.started = time.time()
+        self.router = self._router() if args.models_dir is not None else None
+
+    def _router(self) -> ModelRouter:
+        board = self.board
+
+        async def unload_each(name: str) -> list[dict]:
+            answers = await replicas.ask_each(self.by_name[name], board, "unload")
+            return [a.answer for a in answers]
+
+        async def describe(name: str) -> dict:
+            model = self.by_name[name]
+            return oai_entry(model.args, await model.model_info(), int(time.time()), name)
+
+        sleep = self.args.sleep_idle_seconds
+        return ModelRouter({m.name: m.replica for m in self.models}, self.args.models_max,
+                           self.args.models_autoload, unload_each, describe,
+                           sleep_poll_s=min(1.0, sleep / 4) if sleep > 0 else None)
 
     def select(self, name: Any) -> ModelEndpoint:
         """The model a request names, or the model of the LoRA adapter it names (models are
@@ -127,15 +147,31 @@ class IngressBase:
             return model or self.models[0]
         raise invalid(f"model '{name}' not found")
 
-    def model_of(self, body: Any, request: Request | None = None) -> ModelEndpoint:
-        """The model of a request: its body's ``model``, else its ``model`` query parameter."""
+    async def model_of(self, body: Any, request: Request | None = None) -> ModelEndpoint:
+        """The model of a request: its body's ``model``, else its ``model`` query parameter. In
+        router mode it is required, and loaded first (``?autoload=`` or models_autoload)."""
         name = body.get("model") if isinstance(body, dict) else None
-        if name is None and request is not None:
-            name = request.query_params.get("model")
-        return self.select(name)
+        query = request.query_params if request is not None else {}
+        if name is None:
+            name = query.get("model")
+        if self.router is None:
+            return self.select(name)
+        if not isinstance(name, str) or not name:
+            raise router_models.missing_model()
+        model = self.select(name)
+        autoload = router_models.wants_autoload(query.get("autoload"), self.args.models_autoload)
+        await self.router.ensure(model.name, autoload)
+        held = HELD.get()
+        if held is not None:
+            self.router.hold(model.name)
+            held.append(lambda: self.router.release(model.name))
+        return model
 
     async def check_ready(self) -> None:
-        """503 "Loading model" on every route until every model is loaded."""
+        """503 "Loading model" on every route until every model is loaded (in router mode
+        models load on demand: model_of waits for the request's)."""
+        if self.router is not None:
+            return
         for model in self.models:
             await model.check_ready()
 

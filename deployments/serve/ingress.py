@@ -27,6 +27,7 @@ from deployments.serve.routes import (
     oai,
     protocols,
     resume,
+    router_mode,
     unsupported,
     vertex,
     webui,
@@ -118,6 +119,19 @@ class Ingress(IngressBase):
     async def models(self, request: Request) -> Response:
         return await info.models(self, request)
 
+    # router mode (--models-dir): 404 without it, as the reference's routes are not mounted
+    @app.post("/models/load")
+    async def models_load(self, request: Request) -> Response:
+        return await router_mode.load(self, request)
+
+    @app.post("/models/unload")
+    async def models_unload(self, request: Request) -> Response:
+        return await router_mode.unload(self, request)
+
+    @app.get("/models/sse")
+    async def models_events(self, request: Request) -> Response:
+        return await router_mode.events(self, request)
+
     @app.get("/slots")
     async def slots(self, request: Request) -> Response:
         return await info.slots(self, request)
@@ -171,7 +185,7 @@ class Ingress(IngressBase):
         return await control.control(self, request)
 
     # llama-server routes mlxray does not serve: a 501 envelope each (routes/unsupported.py).
-    # Router mode (/models POST, DELETE, /sse, /load, /unload), /tools and /cors-proxy are not
+    # Router mode's model downloads (/models POST, DELETE), /tools and /cors-proxy are not
     # mounted: they answer 404 as an unknown route.
     @app.post("/infill")
     async def fill_in_the_middle(self, request: Request) -> Response:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from deployments.api.config import GraphArgs
 from deployments.serve import channel
 from deployments.serve.engines import EngineMaker, mlx_engine
 from deployments.serve.replica_adapters import AdapterError, ReplicaAdapters
+from deployments.serve.residency import Residency
 from deployments.serve.shards import Shards, start_leader
 from deployments.serve.status import (
     engine_snapshot,
@@ -62,32 +62,42 @@ class ModelReplica:
         self.engine_cls = engine_cls or mlx_engine  # deployments/serve/engines.py
         _log_to_serve()
         device_choice.check(args.device)  # a device MLX cannot run on fails the start, saying so
-        self.engine: EngineLike | None = None
-        self.load_error: BaseException | None = None
         self.shards: Shards | None = None  # the other ranks of a sharded replica
         self.adapters = ReplicaAdapters(args)
         self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
-        self._loader = threading.Thread(target=self._load, name="mlxray-load", daemon=True)
-        self._loader.start()
+        self.residency = Residency(self._make_engine, on_demand=args.models_dir is not None,
+                                   sleep_idle_s=args.sleep_idle_seconds,
+                                   forget=self.adapters.forget)
+        loop = asyncio.get_running_loop()  # Serve runs the constructor on the replica's loop
+        self._tasks = [] if self.residency.on_demand else [loop.create_task(self._load_at_start())]
+        if args.sleep_idle_seconds > 0:
+            self._tasks.append(loop.create_task(self.residency.sleep_when_idle()))
         self._reporting = start_reporting(
             args.model_name, lambda: None if self.engine is None else engine_snapshot(self.engine))
 
-    def _load(self) -> None:
+    @property
+    def engine(self) -> EngineLike | None:
+        return self.residency.engine
+
+    def _make_engine(self) -> EngineLike:
+        if self.args.shards > 1:
+            _, engine, self.shards = start_leader(self.args)
+        else:
+            engine = self.engine_cls(self.args)
+        engine.start()
+        self.adapters.load_startup(engine)
+        return engine
+
+    async def _load_at_start(self) -> None:
         try:
-            if self.args.shards > 1:
-                _, engine, self.shards = start_leader(self.args)
-            else:
-                engine = self.engine_cls(self.args)
-            engine.start()
-            self.adapters.load_startup(engine)
-            self.engine = engine
-        except BaseException as exc:  # surfaced through check_health
-            log.exception("model load failed")
-            self.load_error = exc
+            await self.residency.load()
+        except BaseException:  # surfaced through check_health
+            pass
 
     async def check_health(self) -> None:
-        if self.load_error is not None:
-            raise RuntimeError(f"model load failed: {self.load_error}")
+        error = self.residency.error
+        if error is not None and not self.residency.on_demand:
+            raise RuntimeError(f"model load failed: {error}")
         if self.engine is not None and not self.engine.alive:
             raise RuntimeError(f"engine loop died: {self.engine.error}")
         if self.shards is not None:
@@ -99,13 +109,26 @@ class ModelReplica:
             raise EngineError(f"{what} is not supported on a sharded replica", 501,
                               "not_supported_error")
 
-    def _engine(self) -> EngineLike:
-        if self.engine is None:
-            raise EngineError("Loading model", 503, "unavailable_error")
-        return self.engine
-
     async def ready(self) -> bool:
-        return self.engine is not None
+        """Loaded, or asleep; in router mode as soon as the replica is up (its model loads when
+        the router asks for it)."""
+        return (self.engine is not None or self.residency.status == "sleeping"
+                or self.args.models_dir is not None)
+
+    async def load(self) -> dict:
+        """Router mode: load the model now (nothing to do once loaded); its state after."""
+        try:
+            await self.residency.load()
+        except Exception:  # noqa: BLE001 - the state says it failed, and why
+            pass
+        return self.residency.state()
+
+    async def unload(self, only_idle: bool = True) -> dict:
+        """Router mode: unload the model unless a request is being answered (``only_idle``)."""
+        return {**await self.residency.unload("unloaded", only_idle), **self.residency.state()}
+
+    async def state(self) -> dict:
+        return {"pid": os.getpid(), **self.residency.state()}
 
     async def generate(self, requests: list[GenerationRequest]) -> AsyncIterator[list[EngineEvent]]:
         """Stream the events of one client request (its prompts times n_cmpl, as the shaper
@@ -114,26 +137,27 @@ class ModelReplica:
         A refused request yields one batch holding a single ErrorEvent, so the caller can answer
         with a plain JSON error before any frame is sent.
         """
-        try:
-            engine = self._engine()
-            await self.adapters.hold(requests[0].adapters, self._load_adapter)
-            stream = aio.generate(engine, requests, self.args.gather)
-            first = await anext(stream)
-        except EngineError as exc:
-            yield [exc.to_event()]
-            return
-        except AdapterError as exc:
-            yield [EngineError(str(exc)).to_event()]
-            return
-        offset = replica_rank() * self.args.n_parallel  # this replica's global slot ids
-        try:
-            yield _global_slot_ids(first, offset)
-            async for batch in stream:
-                yield _global_slot_ids(batch, offset)
-        finally:
-            # A client that went away reaches us as a CancelledError at a yield; closing the
-            # engine stream now (not whenever it is garbage collected) cancels the group.
-            await stream.aclose()
+        async with self.residency.busy():
+            try:
+                engine = await self.residency.current()
+                await self.adapters.hold(requests[0].adapters, self._load_adapter)
+                stream = aio.generate(engine, requests, self.args.gather)
+                first = await anext(stream)
+            except EngineError as exc:
+                yield [exc.to_event()]
+                return
+            except AdapterError as exc:
+                yield [EngineError(str(exc)).to_event()]
+                return
+            offset = replica_rank() * self.args.n_parallel  # this replica's global slot ids
+            try:
+                yield _global_slot_ids(first, offset)
+                async for batch in stream:
+                    yield _global_slot_ids(batch, offset)
+            finally:
+                # A client that went away reaches us as a CancelledError at a yield; closing the
+                # engine stream now (not whenever it is garbage collected) cancels the group.
+                await stream.aclose()
 
     async def push(self, requests: list[GenerationRequest], reply: channel.ReplyTo) -> int:
         """``generate``'s batches sent on the shared channel to ``reply``'s listener (the
@@ -141,7 +165,7 @@ class ModelReplica:
         return await channel.pump(self.generate(requests), channel.sender(), reply)
 
     async def model_info(self) -> dict:
-        engine = self._engine()
+        engine = await self.residency.current()
         loaded = engine.loaded
         vocab = engine.vocab
         return {
@@ -159,34 +183,39 @@ class ModelReplica:
         }
 
     async def slot_states(self) -> list[dict]:
-        return self._engine().slot_states()
+        return (await self.residency.current()).slot_states()
 
     async def control(self, completion_id: str) -> dict:
         """POST /v1/chat/completions/control's ``reasoning_end`` on this replica's engine."""
-        return await asyncio.to_thread(self._engine().control, completion_id)
+        async with self.residency.use() as engine:
+            return await asyncio.to_thread(engine.control, completion_id)
 
     async def embed(self, prompts: list[list[int]], pooling: str) -> dict:
         """Pooled hidden states per prompt: {"result": [...]} or {"error": {...}}."""
         from engine import embed
 
-        engine = self._engine()
         try:
             self._unsharded("embeddings")
-            vectors = await asyncio.to_thread(
-                engine.run_on_loop, lambda e: embed.embed(e, prompts, pooling))
+            async with self.residency.use() as engine:
+                vectors = await asyncio.to_thread(
+                    engine.run_on_loop, lambda e: embed.embed(e, prompts, pooling))
         except EngineError as exc:
             return {"error": {"message": exc.message, "code": exc.code, "type": exc.type}}
         return {"result": vectors}
 
     async def metrics(self) -> dict:
-        return self._engine().metrics_snapshot()
+        """The engine's figures; a sleeping model's are the ones it had (it stays asleep)."""
+        if self.engine is None and self.residency.last_metrics is not None:
+            return self.residency.last_metrics
+        return (await self.residency.current()).metrics_snapshot()
 
     async def ask(self, what: str, *args: object, replica: str | None = None) -> dict:
-        """``metrics``, ``slot_states``, ``slot_action`` or ``control`` answered with who answers:
+        """``metrics``, ``slot_states``, ``slot_action``, ``control`` or ``unload`` answered with
+        who answers:
         the ingress names the ``replica`` it means (the router sends the call there,
         deployments/serve/router.py) and checks that it is the one that answered
         (deployments/serve/replicas.py)."""
-        if what not in ("metrics", "slot_states", "slot_action", "control"):
+        if what not in ("metrics", "slot_states", "slot_action", "control", "unload"):
             raise ValueError(f"not askable: {what}")
         identity = replica_identity()
         if what == "slot_action" and replica not in (None, identity["replica"]):
@@ -202,7 +231,7 @@ class ModelReplica:
         Answers {"result": ...} or {"error": {message, code, type}}."""
         from engine import slot_store
 
-        engine = self._engine()
+        engine = await self.residency.current()
         if self.args.shards > 1:
             return {"error": {"message": "slot actions are not supported on a sharded replica",
                               "code": 501, "type": "not_supported_error"}}
@@ -226,14 +255,14 @@ class ModelReplica:
 
     async def adapter_state(self) -> dict:
         """This replica's LoRA adapters: loaded now, and on-demand loads so far by name."""
-        engine = self._engine()
+        engine = await self.residency.current()
         return {"pid": os.getpid(), "loaded": sorted(engine.adapters.loaded),
                 "loads": dict(self.adapters.loads)}
 
     async def engine_state(self) -> dict:
         """The engine's bookkeeping and this process's id, for the reliability tests and
         operators: active and queued groups, sequences in the batch, idle slots."""
-        state = {"pid": os.getpid(), **self._engine().debug_state()}
+        state = {"pid": os.getpid(), **(await self.residency.current()).debug_state()}
         if self.shards is not None:  # and each other rank's, to show they step in lockstep
             state["node"] = ray.get_runtime_context().get_node_id()
             state["shard_pids"] = self.shards.pids
@@ -243,7 +272,7 @@ class ModelReplica:
     async def kill_engine_loop(self) -> None:
         """Fault injection (never routed to HTTP): end the engine loop as a crash would, so that
         check_health fails and Ray Serve replaces this replica. Returns once the loop is dead."""
-        engine = self._engine()
+        engine = await self.residency.current()
         engine.inject_fault(RuntimeError("engine loop killed by kill_engine_loop()"))
         for _ in range(500):
             if not engine.alive:

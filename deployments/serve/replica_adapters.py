@@ -36,6 +36,10 @@ class ReplicaAdapters:
         specs = self.startup
         engine.run_on_loop(lambda e: [e.adapters.add(read_lora(s.path, s.name)) for s in specs])
 
+    def forget(self) -> None:
+        """The engine is being unloaded (router mode, sleep): adapters load on the next one."""
+        self.engine = None
+
     def multiplexed(self, limit: int) -> Callable:
         """The loader Ray Serve multiplexes (a plain function: Serve keeps its LRU on it); the
         replica keeps it as an attribute, where Serve finds it."""

@@ -12,7 +12,7 @@ from deployments.serve.endpoint import IngressBase
 
 async def list_adapters(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
-    return json_response(ingress.model_of(None, request).adapters.listing())
+    return json_response((await ingress.model_of(None, request)).adapters.listing())
 
 
 async def set_scales(ingress: IngressBase, request: Request) -> Response:
@@ -20,5 +20,5 @@ async def set_scales(ingress: IngressBase, request: Request) -> Response:
     ``lora`` list run with them, on every replica."""
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
-    ingress.model_of(None, request).adapters.set_scales(body)
+    (await ingress.model_of(None, request)).adapters.set_scales(body)
     return json_response({"success": True})

@@ -34,7 +34,7 @@ async def control(ingress: IngressBase, request: Request) -> Response:
         raise invalid("missing completion id")
     if action not in ACTIONS:
         raise invalid("unknown control action")
-    return json_response(await _ask(ingress, ingress.model_of(body, request), completion_id))
+    return json_response(await _ask(ingress, await ingress.model_of(body, request), completion_id))
 
 
 async def _ask(ingress: IngressBase, model: ModelEndpoint, completion_id: str) -> dict:

@@ -29,7 +29,7 @@ async def _prepare(ingress: IngressBase,
     if not any(m.args.embeddings for m in ingress.models):
         raise ApiError(DISABLED, "not_supported_error")
     body = await read_object(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     if not model.args.embeddings:
         raise ApiError(DISABLED, "not_supported_error")
     prompt = body.get("input", body.get("content"))

@@ -26,7 +26,7 @@ def completion_body(model: ModelEndpoint, body: Any) -> dict:
 async def infill(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     completion = await off_loop(completion_body, model, body)
     params, prompts = await off_loop(prepare, model, completion)
     return await answer(model, params, prompts, request)

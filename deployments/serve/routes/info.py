@@ -16,6 +16,7 @@ from fastapi.responses import Response
 
 from deployments.api.build_info import BUILD_INFO
 from deployments.api.errors import ApiError, invalid
+from deployments.api.model_entries import oai_entry, router_entry
 from deployments.api.prometheus import (  # noqa: F401 - METRIC_HELP is read from here too
     METRIC_HELP,
     combined_values,
@@ -28,6 +29,7 @@ from deployments.api.shapes import generation_settings
 from deployments.serve import replicas
 from deployments.serve.app import error_response, json_response, read_object
 from deployments.serve.endpoint import IngressBase, ModelEndpoint
+from deployments.serve.routes import router_mode
 from deployments.serve.status import COUNTERS, sum_counters
 from engine.gguf import is_gguf
 
@@ -39,7 +41,9 @@ MEDIA_MARKER = "<__media_" + "".join(
 # ---- props ---------------------------------------------------------------------------------
 async def props(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
-    model = ingress.model_of(None, request)
+    if ingress.router is not None and not request.query_params.get("model"):
+        return router_mode.props(ingress)
+    model = await ingress.model_of(None, request)
     info = await model.model_info()
     args = model.args
     # a fresh task_params, as the reference builds it: reasoning_format is "none" there
@@ -65,9 +69,16 @@ async def props(ingress: IngressBase, request: Request) -> Response:
         "bos_token": info["bos_token"],
         "eos_token": info["eos_token"],
         "build_info": BUILD_INFO,
-        "is_sleeping": False,
+        "is_sleeping": await _sleeping(model),
         "cors_proxy_enabled": False,
     })
+
+
+async def _sleeping(model: ModelEndpoint) -> bool:
+    """Whether the model is asleep (--sleep-idle-seconds): asked only where it can sleep."""
+    if model.args.sleep_idle_seconds <= 0:
+        return False
+    return (await model.replica.state.remote())["status"] == "sleeping"
 
 
 PROPS_OFF = ("This server does not support changing global properties. Start it with "
@@ -79,7 +90,7 @@ async def set_props(ingress: IngressBase, request: Request) -> Response:
     if not any(m.args.props for m in ingress.models):
         raise ApiError(PROPS_OFF, "not_supported_error")
     body = await read_object(request, ingress.args.max_body_bytes)
-    if not ingress.model_of(body, request).args.props:
+    if not (await ingress.model_of(body, request)).args.props:
         raise ApiError(PROPS_OFF, "not_supported_error")
     return json_response({"success": True})  # as the reference: accepted, nothing changes
 
@@ -90,28 +101,20 @@ async def models(ingress: IngressBase, request: Request) -> Response:
     application's order (the default first), each followed by its LoRA adapters (a request's
     ``model`` may name one)."""
     await ingress.guard(request)
-    infos = [await model.model_info() for model in ingress.models]
     created = int(time.time())
+    if ingress.router is not None:  # the reference's router: every model with its status
+        states = ingress.router.states
+        return json_response({"data": [router_entry(m.args, states[m.name], created)
+                                       for m in ingress.models], "object": "list"})
+    infos = [await model.model_info() for model in ingress.models]
     named = [(model, info, name) for model, info in zip(ingress.models, infos)
              for name in (model.name, *(a.name for a in model.adapters.adapters))]
-    data = [_oai_entry(model, info, created, name) for model, info, name in named]
-    if ingress.args.models_dir:  # the reference's router: every model is listed with its state
-        return json_response({"data": [{**entry, **ROUTER_ENTRY} for entry in data],
-                              "object": "list"})
+    data = [oai_entry(model.args, info, created, name) for model, info, name in named]
     return json_response({
         "models": [_ollama_entry(name, model) for model, _, name in named],
         "object": "list",
         "data": data,
     })
-
-
-# a --models-dir model's router fields: each is served from the start (issue #30)
-ROUTER_ENTRY = {
-    "status": {"value": "loaded", "args": []},
-    "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-    "source": "models_dir",
-    "can_remove": False,
-}
 
 
 def _ollama_entry(name: str, model: ModelEndpoint) -> dict:
@@ -122,29 +125,6 @@ def _ollama_entry(name: str, model: ModelEndpoint) -> dict:
         "parameters": "",
         "details": {"parent_model": "", "format": file_format, "family": "", "families": [""],
                     "parameter_size": "", "quantization_level": ""},
-    }
-
-
-def _oai_entry(model: ModelEndpoint, info: dict, created: int, name: str) -> dict:
-    """A model's entry, or one of its adapters' (the model's figures, no aliases)."""
-    args = model.args
-    return {
-        "id": name,
-        "aliases": [args.alias] if args.alias and name == model.name else [],
-        "tags": [],
-        "object": "model",
-        "created": created,
-        "owned_by": "llamacpp",
-        "meta": {
-            "vocab_type": True,  # b10621 writes the vocabulary type as a boolean
-            "n_vocab": info["n_vocab"],
-            "n_ctx": args.n_ctx,
-            "n_ctx_train": info["n_ctx_train"],
-            "n_embd": info["n_embd"],
-            "n_params": info["n_params"],
-            "size": info["size"],
-            "ftype": info["ftype"],
-        },
     }
 
 
@@ -177,7 +157,7 @@ async def slots(ingress: IngressBase, request: Request) -> Response:
     """Every replica's slots, by global id (deployments/serve/replicas.py); with several
     replicas each also names its ``replica`` and ``node``."""
     await ingress.guard(request)
-    model = ingress.model_of(None, request)
+    model = await ingress.model_of(None, request)
     if not model.args.slots:
         raise ApiError("This server does not support slots endpoint. Start it with `--slots`",
                        "not_supported_error")
@@ -236,7 +216,7 @@ async def slot_action(ingress: IngressBase, request: Request, id_slot: str) -> R
     if action not in ("save", "restore", "erase"):
         raise invalid("Invalid action")
     body = None if action == "erase" else await read_object(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     if not model.args.slot_save_path:
         raise ApiError(SLOT_ACTIONS_OFF, "not_supported_error")
     path, filename = (None, "") if body is None else _slot_file(model, body)
@@ -269,7 +249,7 @@ async def metrics(ingress: IngressBase, request: Request) -> Response:
     """The model's metrics summed over its replicas (deployments/api/prometheus.py says how);
     ``?per_replica=1``: one sample per live replica, labelled with its replica, node and rank."""
     await ingress.guard(request)
-    model = ingress.model_of(None, request)
+    model = await ingress.model_of(None, request)
     if not model.args.metrics:
         raise ApiError("This server does not support metrics endpoint. Start it with "
                        "`--metrics`", "not_supported_error")

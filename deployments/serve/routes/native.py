@@ -73,7 +73,7 @@ async def _with_pings(first, chunks, interval: int) -> AsyncIterator[bytes]:
 async def completion(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     params, prompts = await off_loop(prepare, model, body)
     return await answer(model, params, prompts, request)
 
@@ -151,7 +151,7 @@ async def _prepare_handle(ingress: IngressBase, body: Any, stream: bool):
     RequestError."""
     try:
         await ingress.check_ready()
-        model = ingress.model_of(body)
+        model = await ingress.model_of(body)
         return (model, *await off_loop(prepare, model, handle_body(body, stream)))
     except ApiError as err:
         raise RequestError.from_api_error(err) from None
@@ -194,7 +194,7 @@ async def handle_frames(model: ModelEndpoint, params: CompletionParams,
 async def tokenize(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
-    vocab = ingress.model_of(body, request).vocab
+    vocab = (await ingress.model_of(body, request)).vocab
     return json_response(await off_loop(_tokens, vocab, body))
 
 
@@ -231,7 +231,7 @@ def _tokens(vocab: Vocab, body: dict) -> dict:
 async def detokenize(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
-    vocab = ingress.model_of(body, request).vocab
+    vocab = (await ingress.model_of(body, request)).vocab
     return json_response({"content": await off_loop(_content, vocab, body)})
 
 

@@ -55,7 +55,7 @@ def _object(body) -> dict:
 async def completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     return await answer(model, await off_loop(completion_body, body), "text_completion",
                         conversation_id=conversation_of(request))
 
@@ -63,7 +63,7 @@ async def completions(ingress: IngressBase, request: Request) -> Response:
 async def chat_completions(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = _object(await read_json(request, ingress.args.max_body_bytes))
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     native_body, syntax = await off_loop(chat_body, body, model)
     return await answer(model, native_body, "chat.completion", syntax,
                         conversation_id=conversation_of(request))
@@ -72,7 +72,7 @@ async def chat_completions(ingress: IngressBase, request: Request) -> Response:
 async def apply_template(ingress: IngressBase, request: Request) -> Response:
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     native_body, _ = await off_loop(chat_body, body, model)
     return json_response({"prompt": native_body["prompt"]})
 
@@ -81,7 +81,7 @@ async def chat_input_tokens(ingress: IngressBase, request: Request) -> Response:
     """The prompt tokens a chat request would use, without running it."""
     await ingress.guard(request)
     body = await read_object(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     return json_response({"input_tokens": await off_loop(count_input_tokens, model, body)})
 
 

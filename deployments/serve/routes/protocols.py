@@ -33,7 +33,7 @@ CHAT = "chat.completion"
 async def answer(ingress: IngressBase, request: Request, protocol: str) -> Response:
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     native_body, syntax = await off_loop(_chat_body, protocol, body, model)
     return await oai.answer(model, native_body, CHAT, syntax, protocol,
                             conversation_of(request))
@@ -52,7 +52,7 @@ async def input_tokens(ingress: IngressBase, request: Request, protocol: str) ->
     ``"object": "response.input_tokens"`` for the Responses API."""
     await ingress.guard(request)
     body = await read_json(request, ingress.args.max_body_bytes)
-    model = ingress.model_of(body, request)
+    model = await ingress.model_of(body, request)
     out: dict[str, Any] = {"input_tokens": await off_loop(_count, protocol, body, model)}
     if protocol == "responses":
         out["object"] = "response.input_tokens"
@@ -64,7 +64,7 @@ async def _prepare_handle(ingress: IngressBase, body: Any, protocol: str, stream
                           ) -> tuple[ModelEndpoint, CompletionParams, list[list[int]], OaiContext]:
     try:
         await ingress.check_ready()
-        model = ingress.model_of(body)
+        model = await ingress.model_of(body)
         chat, syntax = await off_loop(_chat_body, protocol, native.handle_body(body, stream),
                                       model)
         params, prompts = await off_loop(native.prepare, model, chat)
