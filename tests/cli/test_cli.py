@@ -70,11 +70,11 @@ def test_unhonored_options_are_refused_by_name(argv, environ, named):
 
 def test_refusals_give_each_option_its_reason():
     with pytest.raises(cli.Refused) as refused:
-        cli.parse(["-ts", "1,1", "--models-max", "2"], {"LLAMA_ARG_NUMA": "distribute"})
+        cli.parse(["-ts", "1,1", "--models-preset", "p.ini"], {"LLAMA_ARG_NUMA": "distribute"})
     lines = str(refused.value).splitlines()
     assert lines[1:] == [
         f"  -ts: {cli.TENSOR_SPLIT}",
-        f"  --models-max: {ROUTER}",
+        f"  --models-preset: {ROUTER}",
         "  LLAMA_ARG_NUMA: MLX places its memory itself"]
 
 

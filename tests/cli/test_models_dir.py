@@ -93,11 +93,13 @@ def test_each_model_of_the_folder_answers_by_its_name(served):
     listed = served.get("/v1/models").json()
     assert set(listed) == {"data", "object"}  # the router's body: no "models" list
     assert [m["id"] for m in listed["data"]] == ["small", "tiny-mlx"]
-    for entry in listed["data"]:
+    for entry in listed["data"]:  # router mode: nothing is loaded before a request names it
         assert (entry["status"], entry["source"], entry["can_remove"]) == (
-            {"value": "loaded", "args": []}, "models_dir", False)
+            {"value": "unloaded", "args": []}, "models_dir", False)
     for name in ("small", "tiny-mlx"):
         answer = served.post("/completion", json={"prompt": "def f():", "n_predict": 2,
                                                   "model": name})
         assert answer.status_code == 200, answer.text
         assert answer.json()["model"] == name
+    listed = served.get("/v1/models").json()["data"]
+    assert [m["status"]["value"] for m in listed] == ["loaded", "loaded"]

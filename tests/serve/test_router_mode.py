@@ -227,3 +227,18 @@ def test_an_idle_model_sleeps_and_the_next_request_wakes_it(sleepy):
     loads = replica_state(SLEEPY, "tiny-a")["loads"]
     assert complete(sleepy, "tiny-a").status_code == 200  # waits for the load
     assert replica_state(SLEEPY, "tiny-a")["loads"] == loads + 1
+
+
+def test_the_router_flags_and_their_variables_reach_the_config(tmp_path):
+    root = folder(tmp_path, "tiny-a")
+    args = app_args(root, "--models-max", "2", "--no-models-autoload",
+                    "--sleep-idle-seconds", "30")
+    assert (args["models_max"], args["models_autoload"], args["sleep_idle_seconds"]) == (
+        2, False, 30)
+    environ = {"LLAMA_ARG_MODELS_DIR": str(root), "LLAMA_ARG_MODELS_MAX": "0",
+               "LLAMA_ARG_MODELS_AUTOLOAD": "0"}
+    args = cli.serve_config(cli.parse([], environ))["applications"][0]["args"]
+    assert (args["models_max"], args["models_autoload"]) == (0, False)
+    assert app_args(root, "--models-autoload").get("models_autoload", True) is True
+    with pytest.raises(cli.Refused, match="cannot be 0 or less than -1"):
+        cli.parse(["--models-dir", str(root), "--sleep-idle-seconds", "0"], {})
