@@ -55,6 +55,23 @@ def _global_slot_ids(batch: list[EngineEvent], offset: int) -> list[EngineEvent]
     return batch
 
 
+def _model_info(engine: EngineLike) -> dict:
+    loaded, vocab = engine.loaded, engine.vocab
+    return {
+        "path": loaded.path,
+        "n_vocab": vocab.n_vocab,
+        "n_ctx_train": loaded.n_ctx_train,
+        "n_embd": loaded.n_embd,
+        "n_params": loaded.n_params,
+        "size": loaded.size_bytes,
+        "chat_template": loaded.chat_template,
+        "ftype": loaded.ftype,
+        "bos_token": vocab.detokenize([vocab.bos_id]) if vocab.bos_id is not None else "",
+        "eos_token": vocab.detokenize(sorted(vocab.eog_ids)[:1]) if vocab.eog_ids else "",
+        "eog_ids": sorted(vocab.eog_ids),
+    }
+
+
 @serve.deployment(name="ModelReplica", max_ongoing_requests=64, health_check_period_s=5)
 class ModelReplica:
     def __init__(self, args: GraphArgs, engine_cls: EngineMaker | None = None):
@@ -63,13 +80,15 @@ class ModelReplica:
         _log_to_serve()
         device_choice.check(args.device)  # a device MLX cannot run on fails the start, saying so
         self.shards: Shards | None = None  # the other ranks of a sharded replica
+        self._info: dict | None = None
         self.adapters = ReplicaAdapters(args)
         self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
         self.residency = Residency(self._make_engine, on_demand=args.models_dir is not None,
                                    sleep_idle_s=args.sleep_idle_seconds,
                                    forget=self.adapters.forget)
         loop = asyncio.get_running_loop()  # Serve runs the constructor on the replica's loop
-        self._tasks = [] if self.residency.on_demand else [loop.create_task(self._load_at_start())]
+        self._routed = args.models_dir is not None  # router mode: the first request loads it
+        self._tasks = [] if self._routed else [loop.create_task(self._load_at_start())]
         if args.sleep_idle_seconds > 0:
             self._tasks.append(loop.create_task(self.residency.sleep_when_idle()))
         self._reporting = start_reporting(
@@ -86,6 +105,7 @@ class ModelReplica:
             engine = self.engine_cls(self.args)
         engine.start()
         self.adapters.load_startup(engine)
+        self._info = self._info or _model_info(engine)  # kept: asked while asleep too
         return engine
 
     async def _load_at_start(self) -> None:
@@ -96,7 +116,7 @@ class ModelReplica:
 
     async def check_health(self) -> None:
         error = self.residency.error
-        if error is not None and not self.residency.on_demand:
+        if error is not None and not self._routed:
             raise RuntimeError(f"model load failed: {error}")
         if self.engine is not None and not self.engine.alive:
             raise RuntimeError(f"engine loop died: {self.engine.error}")
@@ -165,22 +185,9 @@ class ModelReplica:
         return await channel.pump(self.generate(requests), channel.sender(), reply)
 
     async def model_info(self) -> dict:
-        engine = await self.residency.current()
-        loaded = engine.loaded
-        vocab = engine.vocab
-        return {
-            "path": loaded.path,
-            "n_vocab": vocab.n_vocab,
-            "n_ctx_train": loaded.n_ctx_train,
-            "n_embd": loaded.n_embd,
-            "n_params": loaded.n_params,
-            "size": loaded.size_bytes,
-            "chat_template": loaded.chat_template,
-            "ftype": loaded.ftype,
-            "bos_token": vocab.detokenize([vocab.bos_id]) if vocab.bos_id is not None else "",
-            "eos_token": vocab.detokenize(sorted(vocab.eog_ids)[:1]) if vocab.eog_ids else "",
-            "eog_ids": sorted(vocab.eog_ids),
-        }
+        if self._info is None:
+            await self.residency.current()
+        return self._info
 
     async def slot_states(self) -> list[dict]:
         return (await self.residency.current()).slot_states()

@@ -242,3 +242,24 @@ def test_the_router_flags_and_their_variables_reach_the_config(tmp_path):
     assert app_args(root, "--models-autoload").get("models_autoload", True) is True
     with pytest.raises(cli.Refused, match="cannot be 0 or less than -1"):
         cli.parse(["--models-dir", str(root), "--sleep-idle-seconds", "0"], {})
+
+
+def test_a_single_model_sleeps_as_the_references_test_sleep_says():
+    """llama.cpp's test_sleep.py on one model (-m, in-process graph): /health, /props, /models
+    and /metrics answer while it sleeps without waking it; a completion wakes it."""
+    from tests.local_graph import local_graph_parts
+
+    with local_graph_parts({"sleep_idle_seconds": 1, "metrics": True, "n_ctx": 128,
+                            "n_parallel": 1}) as (client, model):
+        deadline = time.monotonic() + 20
+        while not client.get("/props").json()["is_sleeping"]:
+            assert time.monotonic() < deadline, "the model never slept"
+            time.sleep(0.1)
+        assert model.engine is None
+        for path in ("/health", "/props", "/models", "/metrics"):
+            assert client.get(path).status_code == 200, path
+        assert model.residency.status == "sleeping"
+        answer = client.post("/completion", json={"prompt": "def f():", "n_predict": 2})
+        assert answer.status_code == 200, answer.text
+        assert client.get("/props").json()["is_sleeping"] is False
+        assert model.residency.loads == 2

@@ -37,7 +37,7 @@ def ingress_over(replica, ready: bool, args=None):
     model.replica, model._ready, model.args = replica, ready, args
     ingress = object.__new__(IngressBase)
     ingress.models, ingress.by_name, ingress.args = [model], {}, args
-    ingress.api_keys, ingress.board = [], None
+    ingress.api_keys, ingress.board, ingress.router = [], None, None
     return ingress
 
 
