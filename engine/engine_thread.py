@@ -6,9 +6,11 @@ and ``_run()``, and calls ``_init_thread()`` in its constructor.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,17 @@ from .tasks import units
 from .types import EngineError
 
 log = logging.getLogger("mlxray.engine")
+
+# engines still running when the interpreter exits: stopped first, because a thread that ends
+# after the interpreter began finalizing runs MLX's thread-local destructors, which take the GIL,
+# and the process aborts (std::terminate) instead of exiting
+_running: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for engine in list(_running):
+        engine.stop()
 
 
 class EngineThread:
@@ -31,8 +44,10 @@ class EngineThread:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.THREAD_NAME, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     def stop(self, timeout: float = 5.0) -> None:
+        _running.discard(self)
         self._stopping.set()
         self._inbox.put(None)
         if self._thread is not None:

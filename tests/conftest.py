@@ -198,3 +198,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The conformance replay runs first, whatever the file names: its cache captures need the
     conformance graph fresh, before any other test has sent it a prompt."""
     items.sort(key=lambda item: item.path.name != "test_conformance.py")
+
+
+def pytest_unconfigure(config) -> None:
+    """The threads still alive when the session ends (one left running aborts the exit)."""
+    import sys
+    import threading
+
+    alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if alive:
+        print("\nthreads alive at exit:", ", ".join(
+            f"{t.name}({'daemon' if t.daemon else 'joined'}, {t.native_id})" for t in alive),
+            file=sys.stderr)

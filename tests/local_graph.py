@@ -94,6 +94,9 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
+        # the executor's threads ran MLX (the engine loads in one): they end here, not after
+        # the interpreter began finalizing, where MLX's thread-local destructors abort the exit
+        self.run(self.loop.shutdown_default_executor(), timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
