@@ -208,5 +208,5 @@ def pytest_unconfigure(config) -> None:
     alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if alive:
         print("\nthreads alive at exit:", ", ".join(
-            f"{t.name}({'daemon' if t.daemon else 'joined'}, {t.native_id})" for t in alive),
+            f"{t.name}({'daemon' if t.daemon else 'non-daemon'}, {t.native_id})" for t in alive),
             file=sys.stderr)

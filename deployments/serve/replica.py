@@ -83,11 +83,11 @@ class ModelReplica:
         self._info: dict | None = None
         self.adapters = ReplicaAdapters(args)
         self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
-        self.residency = Residency(self._make_engine, on_demand=args.models_dir is not None,
+        self._routed = args.models_dir is not None  # router mode: the first request loads it
+        self.residency = Residency(self._make_engine, on_demand=self._routed,
                                    sleep_idle_s=args.sleep_idle_seconds,
                                    forget=self.adapters.forget)
         loop = asyncio.get_running_loop()  # Serve runs the constructor on the replica's loop
-        self._routed = args.models_dir is not None  # router mode: the first request loads it
         self._tasks = [] if self._routed else [loop.create_task(self._load_at_start())]
         if args.sleep_idle_seconds > 0:
             self._tasks.append(loop.create_task(self.residency.sleep_when_idle()))
