@@ -25,7 +25,7 @@ from .reasoning_budget import (
     reasoning_budget_processor,
 )
 from .sampling import greedy, make_sampler
-from .speculative import argmax_only
+from .speculative import speculates
 from .tasks import Slot, Task
 from .triggers import TriggerScanner
 from .types import ReasoningBudget, StartEvent
@@ -146,10 +146,10 @@ class Admission:
         task.uid = uid
         self._by_uid[uid] = task
         self.adapters.assign(uid, task.req.adapters)
-        if self.config.spec_type != "none" and argmax_only(
+        if self.config.spec_type != "none" and speculates(
                 task.req.sampling, sampler,
                 bool(task.req.grammar) or task.req.reasoning_budget is not None):
-            self._bg._generation_batch.argmax_uids[uid] = task.spec
+            self._bg._generation_batch.spec_uids[uid] = task.spec
 
     def _at_cut(self, task: Task, position: int) -> None:
         """A prompt segment was read: keep a snapshot there, start the n_cmpl children from the

@@ -15,23 +15,27 @@ from mlx_lm.models.cache import BatchKVCache
 from .batched_chain import draw_of, draw_rows
 from .lora import RowTable
 from .prefill_waves import wave_size
-from .speculative import SpecConfig, can_speculate, drafts_of, verify_step
+from .speculative import NgramDrafts, can_speculate, verify_step
 from .types import EngineConfig, SpecCounters
 
 
 def new_batch_generator(model: nn.Module, rows: RowTable, config: EngineConfig,
-                        stream: mx.Stream | None, counters: SpecCounters) -> BatchGenerator:
+                        stream: mx.Stream | None, counters: SpecCounters,
+                        drafter=None) -> BatchGenerator:
     """The engine's generator: every slot decodes in one batch, prompts are read
     ``n_batch`` tokens a step, each sequence's adapters bound for its rows; with
-    ``--spec-type ngram-simple``, speculative steps counted in ``counters``."""
+    ``--spec-type ngram-simple`` or a ``drafter`` (a draft model's, engine/draft_model.py),
+    speculative steps counted in ``counters``."""
     rows.by_uid.clear()
     n = config.n_parallel
     generator = without_wired_limit(AdaptedBatchGenerator(
         model, rows, max_tokens=config.n_ctx, completion_batch_size=n, prefill_batch_size=n,
         prefill_step_size=config.n_batch, stream=stream))
     if config.spec_type == "ngram-simple":
+        drafter = NgramDrafts(config.spec_ngram_size_n, config.spec_ngram_size_m)
+    if drafter is not None:
         batch = generator._generation_batch
-        batch.spec = SpecConfig(config.spec_ngram_size_n, config.spec_ngram_size_m)
+        batch.spec = drafter
         batch.counters = counters
     return generator
 
@@ -78,32 +82,35 @@ class _GenerationBatch(GenerationBatch):
     """mlx-lm 0.32's decode step, with the sequences that share a batched draw
     (engine/batched_chain.py) sampled in one call per draw; the others as mlx-lm samples
     them. A sequence's first token is drawn in mlx-lm's own batch (PromptProcessingBatch's
-    ``generate``), by its per-sequence sampler, which moves the same key on. With n-gram
-    speculation on (engine/speculative.py), a step whose rows draft verifies them all at once
-    and answers several tokens per row."""
+    ``generate``), by its per-sequence sampler, which moves the same key on. With speculation
+    on (engine/speculative.py), a step whose rows draft verifies them all at once and answers
+    several tokens per row."""
 
-    spec: SpecConfig | None = None
+    spec = None  # the drafter: NgramDrafts, or a draft model's ModelDrafts
     counters: SpecCounters = SpecCounters()
     # the sequences that may speculate, with their own counters (AdaptedBatchGenerator sets it)
-    argmax_uids: dict[int, SpecCounters]
+    spec_uids: dict[int, SpecCounters]
 
     def filter(self, keep: list[int]):
         super().filter(keep)
-        for uid in set(self.argmax_uids) - set(self.uids):
-            del self.argmax_uids[uid]
+        for uid in set(self.spec_uids) - set(self.uids):
+            del self.spec_uids[uid]
 
     def next(self):
         if self.spec is None or not can_speculate(self):
             return super().next()
         current = self._next_tokens.tolist()
-        drafts = drafts_of(self, current, self.spec)
+        drafts = self.spec.drafts(self, current)
         if not any(drafts):
-            return super().next()
+            responses = super().next()
+            self.spec.verified(self)
+            return responses
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         with self.model.rows.bind(list(self.uids)):
             emitted, logprobs = verify_step(self, current, drafts, self.counters,
-                                           self.argmax_uids)
+                                           self.spec_uids)
+        self.spec.verified(self)
         return self._responses(emitted, logprobs)
 
     def _responses(self, emitted: list[list[int]], logprobs: list[list[mx.array]]):
@@ -222,7 +229,7 @@ class AdaptedBatchGenerator(BatchGenerator):
         self._prompt_batch = _PromptBatch.empty(adapted, self.sampler,
                                                 prefill_step_size=self.prefill_step_size)
         self._generation_batch = _GenerationBatch.empty(adapted, self.sampler)
-        self._generation_batch.argmax_uids = {}
+        self._generation_batch.spec_uids = {}
 
 
 class OpenBatchKVCache(BatchKVCache):

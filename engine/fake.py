@@ -129,6 +129,7 @@ class FakeEngine(EngineThread):
         for slot in self.slots:
             task = slot.task or slot.last
             out.append({"id": slot.id, "n_ctx": self.config.n_ctx,
+                        "speculative": self.config.spec_type != "none",
                         "is_processing": slot.task is not None,
                         "task": None if task is None else {
                             "id": task.id, "n_prompt": task.n_prompt,

@@ -25,6 +25,7 @@ from .chain import infill_vocab
 from .checks import check_prompt, check_queue_room, sampler_init_error
 from .device import WiredLimit, engine_stream, release_streams
 from .disk_cache import disk_cache
+from .draft_model import DraftSettings, ModelDrafts, check_pair
 from .engine_thread import EngineThread
 from .grammar import GrammarCache, GrammarError
 from .kv_quant import KVLayout
@@ -46,8 +47,12 @@ __all__ = ["Engine", "EngineConfig", "Slot", "check_prompt"]
 
 
 class Engine(Admission, Stepping, Retirement, EngineThread):
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None,
+                 draft: LoadedModel | None = None):
         self.loaded = loaded
+        self.draft = draft  # --model-draft's model (engine/draft_model.py)
+        if draft is not None:
+            check_pair(loaded.vocab, draft.vocab, draft.model)
         self.vocab = loaded.vocab
         self.config = config or EngineConfig()
         self.slots = [Slot(i) for i in range(self.config.n_parallel)]
@@ -147,6 +152,7 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
             out.append({
                 "id": slot.id,
                 "n_ctx": self.config.n_ctx,
+                "speculative": self.config.spec_type != "none",
                 "is_processing": slot.task is not None,
                 "task": None if task is None else {
                     "id": task.id,
@@ -228,7 +234,14 @@ class Engine(Admission, Stepping, Retirement, EngineThread):
 
     def _new_batch_generator(self) -> BatchGenerator:
         return new_batch_generator(self.loaded.model, self.adapters.rows, self.config,
-                                   self._stream, self.metrics.spec)
+                                   self._stream, self.metrics.spec, self._drafter())
+
+    def _drafter(self) -> ModelDrafts | None:
+        if self.draft is None or self.config.spec_type != "draft-simple":
+            return None
+        c = self.config
+        return ModelDrafts(self.draft.model, self.vocab.n_vocab, DraftSettings(
+            c.spec_draft_n_max, c.spec_draft_n_min, c.spec_draft_p_min))
 
     def _cancel(self, group_id: int) -> None:
         found = False

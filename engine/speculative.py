@@ -1,15 +1,19 @@
-"""Speculative decoding with n-gram drafts (llama.cpp's ``ngram-simple``, no draft model): each
-greedy sequence in the generation batch proposes the tokens that followed the last time its
-last ``size_n`` tokens appeared in its context, one forward pass of the target over the whole
-batch verifies every draft, each sequence keeps its accepted prefix plus the target's next
-token, and each row's KV cache drops its rejected tail (a per-row roll into left padding, the
-way mlx-lm's ``BatchKVCache.finalize`` absorbs right padding).
+"""Speculative decoding in the generation batch: each sequence proposes a draft (llama.cpp's
+``ngram-simple``: the tokens that followed the last time its last ``size_n`` tokens appeared in
+its context; ``draft-simple``: a draft model's, engine/draft_model.py), one forward pass of the
+target over the whole batch verifies every draft, each sequence keeps its accepted prefix plus
+the target's next token, and each row's KV cache drops its rejected tail (a per-row roll into
+left padding, the way mlx-lm's ``BatchKVCache.finalize`` absorbs right padding).
 
-A draft token is accepted when the target's own choice at its position equals it. Only
-sequences whose whole chain is the argmax speculate (``argmax_only``: greedy, and the steps
-before the draw only cut the tail, so they cannot move the top token); a batch holding any
-other sequence (sampled, grammar, penalties, logit bias, n_probs, reasoning budget) steps as
-without speculation, so every sequence's tokens and draws are unchanged."""
+A draft token is accepted when the target's own choice at its position equals it, as llama.cpp's
+``common_sampler_sample_and_accept_n`` accepts: the target's choice there is the argmax for a
+greedy sequence (``argmax_only``: the steps before the draw only cut the tail, so they cannot
+move the top token), and for a sampled one whose chain is a batched draw (engine/batched_chain.py)
+the draw of its whole chain with the key it would use there, its keys chained as its own
+sampler chains them and moved on once per token it keeps. So every token is the one decoding
+without speculation gives, seeded draws included, and each follows the target's distribution
+after the chain. A batch holding any other sequence (grammar, penalties, DRY, XTC, n_probs,
+mirostat, reasoning budget) steps as without speculation."""
 
 from __future__ import annotations
 
@@ -18,17 +22,26 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll
 
+from .batched_chain import draw_of
 from .penalties import dry_active, penalties_active
 from .sampling import greedy
 from .types import SamplingParams, SpecCounters
 
 
 @dataclass
-class SpecConfig:
+class NgramDrafts:
     """``--spec-type ngram-simple`` and its sizes (llama.cpp's defaults)."""
 
     size_n: int = 12  # --spec-ngram-simple-size-n: the n-gram looked up in the context
     size_m: int = 48  # --spec-ngram-simple-size-m: the tokens after it that are proposed
+
+    def drafts(self, batch, current: list[int]) -> list[list[int]]:
+        """Each row's n-gram draft (maybe none)."""
+        return [ngram_draft(tokens, token, self.size_n, self.size_m)
+                for tokens, token in zip(batch.tokens, current)]
+
+    def verified(self, batch) -> None:
+        """Nothing to keep in step: the drafts are read from the context itself."""
 
 
 def ngram_draft(tokens: list[int], sampled: int, size_n: int, size_m: int) -> list[int]:
@@ -54,17 +67,18 @@ def argmax_only(p: SamplingParams, sampler, constrained: bool) -> bool:
             and p.typical_p >= 1.0 and p.xtc_probability <= 0.0 and "infill" not in p.samplers)
 
 
+def speculates(p: SamplingParams, sampler, constrained: bool) -> bool:
+    """The sequence's choice at a draft position can be made for every position at once: the
+    argmax, or its chain's batched draw."""
+    return argmax_only(p, sampler, constrained) or (not constrained and draw_of(sampler)
+                                                    is not None)
+
+
 def can_speculate(batch) -> bool:
-    """Every row's chain is the argmax and every layer's cache the plain batch KV cache."""
-    if not batch.uids or not all(uid in batch.argmax_uids for uid in batch.uids):
+    """Every row may speculate and every layer's cache is the plain batch KV cache."""
+    if not batch.uids or not all(uid in batch.spec_uids for uid in batch.uids):
         return False
     return all(type(c) is BatchKVCache for c in batch.prompt_cache)
-
-
-def drafts_of(batch, current: list[int], config: SpecConfig) -> list[list[int]]:
-    """Each row's n-gram draft (maybe none)."""
-    return [ngram_draft(tokens, token, config.size_n, config.size_m)
-            for tokens, token in zip(batch.tokens, current)]
 
 
 def accepted_length(draft: list[int], choices: list[int]) -> int:
@@ -98,6 +112,34 @@ def drop_rejected(caches: list, rejected: list[int]) -> None:
             c.left_padding = c.left_padding - drop
 
 
+def key_chain(key: mx.array, n: int) -> mx.array:
+    """The ``n`` keys a sampler starting at ``key`` draws its next ``n`` tokens with, each the
+    first half of the split of the one before (the split ``BatchedDraw`` makes per draw)."""
+    keys = [key]
+    for _ in range(n - 1):
+        keys.append(mx.random.split(keys[-1])[0])
+    return mx.stack(keys)
+
+
+def target_choices(batch, logits: mx.array) -> tuple[list[list[int]], mx.array, dict]:
+    """Each row's choice at each position (the argmax, or its draw's token with the key of that
+    position), the normalized logits they were chosen from, and the drawn rows' keys after each
+    position, for ``commit_keys``."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    choices = mx.argmax(logprobs, axis=-1)
+    drawn = {}
+    for e, sampler in enumerate(batch.samplers):
+        found = draw_of(sampler)
+        if found is None:
+            continue
+        draw, rng = found
+        tokens, next_keys, drawn_logprobs = draw(logits[e], key_chain(rng["key"], logits.shape[1]))
+        drawn[e] = (rng, next_keys)
+        choices[e] = tokens.astype(choices.dtype)
+        logprobs[e] = drawn_logprobs.astype(logprobs.dtype)
+    return choices.tolist(), logprobs, drawn
+
+
 def verify_step(batch, current: list[int], drafts: list[list[int]], counters: SpecCounters,
                 by_uid: dict[int, SpecCounters]) -> tuple[list[list[int]], list[list[mx.array]]]:
     """One forward pass over every row's current token and padded draft: each row's emitted
@@ -106,8 +148,7 @@ def verify_step(batch, current: list[int], drafts: list[list[int]], counters: Sp
     width = max(len(d) for d in drafts)
     rows = [[t, *d, *[t] * (width - len(d))] for t, d in zip(current, drafts)]
     logits = batch.model(mx.array(rows), cache=batch.prompt_cache)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    choices = mx.argmax(logprobs, axis=-1).tolist()
+    choices, logprobs, drawn = target_choices(batch, logits)
     emitted, emitted_logprobs, next_tokens, next_logprobs, rejected = [], [], [], [], []
     for e, draft in enumerate(drafts):
         n = accepted_length(draft, choices[e])
@@ -115,10 +156,12 @@ def verify_step(batch, current: list[int], drafts: list[list[int]], counters: Sp
             counters.add(len(draft), n)
             if batch.uids[e] in by_uid:
                 by_uid[batch.uids[e]].add(len(draft), n)
-        token = choices[e][n]
+        if e in drawn:  # the row drew n + 1 tokens: its key moves on as many times
+            rng, next_keys = drawn[e]
+            rng["key"] = next_keys[n]
         emitted.append([current[e], *draft[:n]])
         emitted_logprobs.append([batch._current_logprobs[e], *(logprobs[e, i] for i in range(n))])
-        next_tokens.append(token)
+        next_tokens.append(choices[e][n])
         next_logprobs.append(logprobs[e, n])
         rejected.append(width - n)
     drop_rejected(batch.prompt_cache, rejected)

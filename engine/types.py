@@ -271,9 +271,14 @@ class EngineConfig:
     kv_cache_type: str = "f16"  # -ctk/-ctv: f32, f16, bf16 (the model's dtype), q8_0, q4_0
     cache_disk: str | None = None  # the prompt cache's disk tier: a folder (--cache-disk)
     cache_disk_mib: int = 16384  # its bound in MiB (--cache-disk-mib); -1: no limit
-    spec_type: str = "none"  # --spec-type: "ngram-simple" drafts from the context (speculative.py)
+    # --spec-type: "ngram-simple" drafts from the context (speculative.py), "draft-simple" from
+    # the draft model the engine is given (draft_model.py)
+    spec_type: str = "none"
     spec_ngram_size_n: int = 12  # --spec-ngram-simple-size-n
     spec_ngram_size_m: int = 48  # --spec-ngram-simple-size-m
+    spec_draft_n_max: int = 3  # --spec-draft-n-max: a draft model's tokens per draft, at most
+    spec_draft_n_min: int = 0  # --spec-draft-n-min: a shorter draft is not proposed
+    spec_draft_p_min: float = 0.0  # --spec-draft-p-min: a draft stops at a less likely token
 
 
 # llama.cpp's KV cache types (-ctk/-ctv) mlxray takes: the quantized ones with their bits (MLX's

@@ -47,6 +47,15 @@ APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui", "static_path",
 CONTROL_HEADROOM = 16
 
 
+def local_path(model: str) -> str:
+    """A local folder or GGUF file, relative to the working directory or to the repository,
+    else ``model`` as given (a hub id)."""
+    for candidate in (Path(model), REPO_ROOT / model):
+        if candidate.is_dir() or (is_gguf(candidate) and candidate.is_file()):
+            return str(candidate.resolve())
+    return model
+
+
 class GraphArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -117,10 +126,25 @@ class GraphArgs(BaseModel):
         ENGINE.cache_disk_mib, ge=-1,
         description="the disk tier's bound in MiB (--cache-disk-mib): least recently used "
                     "files are removed past it; -1 no limit")
-    spec_type: Literal["none", "ngram-simple"] = Field(
+    spec_type: Literal["none", "ngram-simple", "draft-simple"] = Field(
         ENGINE.spec_type,
-        description="speculative decoding (--spec-type): ngram-simple drafts each greedy "
-                    "sequence's next tokens from its own context, verified in one batched pass")
+        description="speculative decoding (--spec-type): ngram-simple drafts each sequence's "
+                    "next tokens from its own context, draft-simple from model_draft's model; "
+                    "every draft is verified in one batched pass (greedy and batched-draw "
+                    "sampled sequences)")
+    model_draft: str | None = Field(
+        None, description="the draft model of draft-simple (-md): a folder or GGUF file with "
+                          "the model's vocabulary")
+    spec_draft_n_max: int = Field(
+        ENGINE.spec_draft_n_max, ge=0,
+        description="draft-simple's tokens per draft, at most (--spec-draft-n-max)")
+    spec_draft_n_min: int = Field(
+        ENGINE.spec_draft_n_min,
+        description="draft-simple's shortest draft proposed (--spec-draft-n-min)")
+    spec_draft_p_min: float = Field(
+        ENGINE.spec_draft_p_min,
+        description="draft-simple stops at a token less likely than this among the draft's "
+                    "10 best (--spec-draft-p-min)")
     spec_ngram_size_n: int = Field(
         ENGINE.spec_ngram_size_n, ge=1, le=1024,
         description="ngram-simple's lookup n-gram (--spec-ngram-simple-size-n)")
@@ -252,7 +276,20 @@ class GraphArgs(BaseModel):
         self.adapter_specs()
         self.model_configs()
         self._check_shards()
+        self._check_draft()
         return self
+
+    def _check_draft(self) -> None:
+        """draft-simple has a draft model, found where -m's model would be."""
+        if self.spec_type == "draft-simple" and self.model_draft is None:
+            raise ValueError("--spec-type draft-simple needs a draft model (-md)")
+        if self.model_draft is not None and self.spec_type != "draft-simple":
+            raise ValueError("-md's draft model drafts with --spec-type draft-simple, not "
+                             f"{self.spec_type}")
+        if self.model_draft is not None and not Path(self.draft_path).exists():
+            raise ValueError(f"draft model not found: {self.model_draft}")
+        if self.model_draft is not None and self.shards > 1:
+            raise ValueError("a sharded model does not speculate with a draft model")
 
     def _check_shards(self) -> None:
         """What a sharded replica cannot do: its ranks take decisions in lockstep only from the
@@ -330,13 +367,13 @@ class GraphArgs(BaseModel):
                                                "adapter": spec.path}) for spec in fused)
 
     @property
+    def draft_path(self) -> str:
+        """-md's folder or GGUF file, found as ``model_path`` finds -m's."""
+        return local_path(self.model_draft or "")
+
+    @property
     def model_path(self) -> str:
-        """A local folder or GGUF file, relative to the working directory or to the repository,
-        else the id."""
-        for candidate in (Path(self.model), REPO_ROOT / self.model):
-            if candidate.is_dir() or (is_gguf(candidate) and candidate.is_file()):
-                return str(candidate.resolve())
-        return self.model
+        return local_path(self.model)
 
     def template_source(self) -> str | None:
         """The chat template set here: ``chat_template``'s text (``chatml``: ChatML), else the

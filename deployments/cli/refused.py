@@ -39,9 +39,6 @@ REFUSED: tuple[Unhonored, ...] = (
               "each slot owns its KV cache: there is no shared KV buffer"),
     Unhonored(("--cache-reuse",), "LLAMA_ARG_CACHE_REUSE", KV_SHIFT),
     Unhonored(("-mm", "--mmproj"), "LLAMA_ARG_MMPROJ", "mlxray serves text-only models"),
-    Unhonored(("-md", "--model-draft"), "LLAMA_ARG_MODEL_DRAFT",
-              "mlxray's speculative decoding drafts from n-grams, without a draft model "
-              "(--spec-type ngram-simple)"),
     Unhonored(("--rerank", "--reranking"), "LLAMA_ARG_RERANKING",
               "reranking is not supported by mlxray (it serves no reranking models)"),
     Unhonored(("--yarn-ext-factor",), "LLAMA_ARG_YARN_EXT_FACTOR", YARN),

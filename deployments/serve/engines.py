@@ -27,7 +27,8 @@ def mlx_engine(args: GraphArgs) -> EngineLike:
     from engine.scheduler import Engine
 
     loaded = load_model(args.model_path, args.adapter, args.device, args.config_overrides)
-    return Engine(loaded, engine_config(args))
+    draft = load_model(args.draft_path, device=args.device) if args.model_draft else None
+    return Engine(loaded, engine_config(args), draft)
 
 
 def fake(args: GraphArgs) -> EngineLike:

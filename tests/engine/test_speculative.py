@@ -100,7 +100,7 @@ def test_spec_flags_reach_the_config(argv, env, expected):
     assert (args.spec_type, args.spec_ngram_size_n, args.spec_ngram_size_m) == expected
 
 
-@pytest.mark.parametrize("kind", ["draft-simple", "ngram-mod", "bogus"])
+@pytest.mark.parametrize("kind", ["draft-eagle3", "ngram-mod", "bogus"])
 def test_spec_types_mlxray_lacks_are_refused(kind):
     with pytest.raises(Refused, match="--spec-type"):
         cli.graph_args(cli.parse(["-m", MODEL, "--spec-type", kind], {}))

@@ -130,7 +130,7 @@ def _ollama_entry(name: str, model: ModelEndpoint) -> dict:
 
 # ---- slots ---------------------------------------------------------------------------------
 def _slot_json(state: dict, global_id: int) -> dict:
-    out = {"id": global_id, "n_ctx": state["n_ctx"], "speculative": False,
+    out = {"id": global_id, "n_ctx": state["n_ctx"], "speculative": state.get("speculative", False),
            "is_processing": state["is_processing"]}
     task = state["task"]
     if task is None:

@@ -1,0 +1,139 @@
+"""Speculative decoding with a draft model (engine/draft_model.py) and under a sampled chain
+(engine/speculative.py): tokens identical to decoding without speculation, greedy and seeded
+sampled, alone and eight in one batch, for both drafters; the draft settings' bounds; the
+counters; a draft model of another vocabulary refused; and the flags."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from deployments.cli import command as cli
+from engine.draft_model import DraftRefused, check_pair
+from engine.types import FinalEvent, GenerationRequest, SamplingParams
+
+from ..conftest import MODEL, run_engine
+from ..draft_models import build_truncated_draft
+
+PROMPTS = ["def add(a, b):\n    return a + b\n\n" * 3, "import os\n", "class Foo:\n",
+           "for i in range(10):\n    print(i)\n" * 3, "def main():\n", "x = [1, 2, 3]\n" * 3,
+           "    for i in range(", "while True:\n"]
+# llama-server's default sampled chain, seeded
+SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def engine_with(spec_type: str, draft_path: str | None = None, **settings):
+    from engine.model import load_model
+    from engine.scheduler import Engine, EngineConfig
+
+    engine = Engine(load_model(MODEL), EngineConfig(
+        n_parallel=8, n_ctx=512, n_batch=64, spec_type=spec_type, spec_ngram_size_n=3,
+        spec_ngram_size_m=8, **settings), load_model(draft_path) if draft_path else None)
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def draft_folder(tmp_path_factory) -> str:
+    return str(build_truncated_draft(tmp_path_factory.mktemp("draft"), layers=1))
+
+
+@pytest.fixture(scope="module")
+def engines(draft_folder):
+    made = {"plain": engine_with("none"), "ngram": engine_with("ngram-simple"),
+            "draft": engine_with("draft-simple", draft_folder),
+            "self": engine_with("draft-simple", MODEL, spec_draft_n_max=4)}
+    yield made
+    for engine in made.values():
+        engine.stop()
+
+
+def request(engine, prompt: str, index: int = 0, seed: int | None = None, n: int = 40,
+            **sampling) -> GenerationRequest:
+    params = SamplingParams(**(sampling or {"temperature": 0.0}),
+                            **({} if seed is None else {"seed": seed}))
+    return GenerationRequest(engine.vocab.tokenize(prompt, add_special=True), params,
+                             n_predict=n, cache_prompt=False, index=index)
+
+
+def finals(engine, *requests) -> list[FinalEvent]:
+    events = run_engine(engine, *requests)
+    by_index = {e.index: e for e in events if isinstance(e, FinalEvent)}
+    assert len(by_index) == len(requests), [e for e in events if not isinstance(e, FinalEvent)][:2]
+    return [by_index[i] for i in range(len(requests))]
+
+
+def tokens_of(engine, sampling: dict, batched: bool) -> list[list[int]]:
+    if batched:
+        made = [request(engine, p, i, seed=1000 + i, **sampling) for i, p in enumerate(PROMPTS)]
+        return [f.tokens for f in finals(engine, *made)]
+    return [finals(engine, request(engine, p, seed=1000 + i, **sampling))[0].tokens
+            for i, p in enumerate(PROMPTS)]
+
+
+@pytest.mark.parametrize("kind", ["draft", "self", "ngram"])
+@pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "sampled"])
+def test_tokens_equal_decoding_without_speculation(engines, kind, sampling):
+    plain, spec = engines["plain"], engines[kind]
+    accepted_before = spec.metrics.spec.accepted
+    reference = tokens_of(plain, sampling, batched=False)
+    assert tokens_of(spec, sampling, batched=False) == reference
+    assert tokens_of(spec, sampling, batched=True) == reference  # eight rows in one batch
+    assert spec.metrics.spec.accepted > accepted_before  # drafts were really taken
+
+
+def test_each_draft_holds_at_most_n_max_tokens(engines):
+    spec = engines["self"]  # the target as its own draft: every greedy draft is accepted
+    before = (spec.metrics.spec.drafts, spec.metrics.spec.draft_tokens)
+    final = finals(spec, request(spec, PROMPTS[1], n=40))[0]
+    drafts = spec.metrics.spec.drafts - before[0]
+    assert spec.metrics.spec.draft_tokens - before[1] == final.timings.draft_n == 4 * drafts
+    assert final.timings.draft_n_accepted == final.timings.draft_n
+    assert drafts == 8  # each step answers its current token and 4 accepted: 8 steps, 40
+
+
+@pytest.mark.parametrize(("settings", "drafted"), [
+    ({"spec_draft_p_min": 1.01}, False),  # no token is that likely: no draft
+    ({"spec_draft_n_min": 4, "spec_draft_n_max": 3}, False),  # never long enough
+    ({"spec_draft_n_min": 2, "spec_draft_n_max": 2}, True),
+])
+def test_draft_bounds(draft_folder, settings, drafted):
+    spec = engine_with("draft-simple", draft_folder, **settings)
+    try:
+        final = finals(spec, request(spec, PROMPTS[0]))[0]
+    finally:
+        spec.stop()
+    assert (final.timings.draft_n > 0) == drafted
+    if drafted:
+        assert final.timings.draft_n % 2 == 0
+
+
+def test_a_draft_of_another_vocabulary_is_refused(engines):
+    vocab = engines["plain"].vocab
+    other = SimpleNamespace(pieces=[*vocab.pieces[:-1], b"?"], eog_ids=vocab.eog_ids)
+    with pytest.raises(DraftRefused, match="vocab type must match"):
+        check_pair(vocab, other, engines["draft"].draft.model)
+
+
+@pytest.mark.parametrize(("argv", "env", "expected"), [
+    (["-md", MODEL], {}, ("draft-simple", MODEL, 3, 0, 0.0)),
+    (["--spec-type", "draft-simple", "--model-draft", MODEL, "--spec-draft-n-max", "8",
+      "--spec-draft-n-min", "2", "--draft-p-min", "0.5"], {}, ("draft-simple", MODEL, 8, 2, 0.5)),
+    ([], {"LLAMA_ARG_MODEL_DRAFT": MODEL, "LLAMA_ARG_SPEC_DRAFT_N_MAX": "5"},
+     ("draft-simple", MODEL, 5, 0, 0.0)),
+])
+def test_draft_flags_reach_the_config(argv, env, expected):
+    args = cli.graph_args(cli.parse(["-m", MODEL, *argv], env))
+    assert (args.spec_type, args.model_draft, args.spec_draft_n_max, args.spec_draft_n_min,
+            args.spec_draft_p_min) == expected
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--spec-type", "draft-simple"], "needs a draft model"),
+    (["--spec-type", "ngram-simple", "-md", MODEL], "drafts with --spec-type draft-simple"),
+    (["-md", "/no/such/draft"], "draft model not found"),
+])
+def test_draft_settings_that_cannot_run_are_refused(argv, message):
+    with pytest.raises(Exception, match=message):
+        cli.graph_args(cli.parse(["-m", MODEL, *argv], {}))
