@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.spec_draft", description=__doc__)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--extra-layers", type=int, default=22)
+    p.add_argument("--scale", type=float, default=0.1,
+                   help="the extra layers' output scale: larger, the target agrees less")
     p.add_argument("--n-max", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     return p.parse_args(argv)
@@ -54,7 +56,7 @@ def run(engine: Engine, tokens: int, sampling: dict) -> float:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
-        target = load_model(str(build_deep_target(Path(folder), args.extra_layers)))
+        target = load_model(str(build_deep_target(Path(folder), args.extra_layers, args.scale)))
     draft = load_model(MODEL)
     for name, sampling in (("", {"temperature": 0.0}), ("_sampled", SAMPLED)):
         best: dict[str, float] = {}

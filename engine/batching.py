@@ -7,6 +7,8 @@ write index and right padding for engine/kv_quant.py's quantized batch cache."""
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
@@ -15,6 +17,7 @@ from mlx_lm.models.cache import BatchKVCache
 from .batched_chain import draw_of, draw_rows
 from .lora import RowTable
 from .prefill_waves import wave_size
+from .spec_pacer import AlwaysSpeculate, DraftCaps, Pacer
 from .speculative import NgramDrafts, can_speculate, verify_step
 from .types import EngineConfig, SpecCounters
 
@@ -37,6 +40,8 @@ def new_batch_generator(model: nn.Module, rows: RowTable, config: EngineConfig,
         batch = generator._generation_batch
         batch.spec = drafter
         batch.counters = counters
+        batch.pacer = Pacer() if config.spec_pace else AlwaysSpeculate()
+        batch.caps = DraftCaps(drafter.ceiling)
     return generator
 
 
@@ -97,10 +102,33 @@ class _GenerationBatch(GenerationBatch):
             del self.spec_uids[uid]
 
     def next(self):
-        if self.spec is None or not can_speculate(self):
+        if self.spec is None:
             return super().next()
+        if not can_speculate(self):
+            self.pacer.close(0.0)
+            return super().next()
+        rows = len(self.uids)
+        if self.pacer.full():
+            self._close_run()
+        speculative = self.pacer.choose(rows)
+        if self.pacer.ends_run(rows, speculative):
+            self._close_run()
+        start = time.perf_counter()
+        responses = self._speculative_next() if speculative else super().next()
+        self.pacer.add(rows, speculative, len(responses), time.perf_counter() - start)
+        return responses
+
+    def _close_run(self) -> None:
+        start = time.perf_counter()
+        mx.eval(self._next_tokens)  # the last plain step's pass, which its run is charged
+        self.pacer.close(time.perf_counter() - start)
+
+    def _speculative_next(self):
+        """Draft (each row about its cap: the drafter's own bounds go first), verify, keep each
+        row's accepted prefix."""
         current = self._next_tokens.tolist()
-        drafts = self.spec.drafts(self, current)
+        self.caps.keep(self.uids)
+        drafts = self.spec.drafts(self, current, [self.caps.cap(uid) for uid in self.uids])
         if not any(drafts):
             responses = super().next()
             self.spec.verified(self)
@@ -110,6 +138,8 @@ class _GenerationBatch(GenerationBatch):
         with self.model.rows.bind(list(self.uids)):
             emitted, logprobs = verify_step(self, current, drafts, self.counters,
                                            self.spec_uids)
+        for uid, draft, row in zip(self.uids, drafts, emitted):
+            self.caps.update(uid, len(draft), len(row) - 1)
         self.spec.verified(self)
         return self._responses(emitted, logprobs)
 

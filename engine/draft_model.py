@@ -52,12 +52,17 @@ class ModelDrafts:
         self.settings = settings
         self.caches: dict[int, list] = {}
 
-    def drafts(self, batch, current: list[int]) -> list[list[int]]:
-        """Each row's draft; the caches of sequences that left the batch are dropped."""
+    @property
+    def ceiling(self) -> int:
+        return self.settings.n_max
+
+    def drafts(self, batch, current: list[int], caps: list[int]) -> list[list[int]]:
+        """Each row's draft of at most its cap; the caches of sequences that left the batch
+        are dropped."""
         for uid in set(self.caches) - set(batch.uids):
             del self.caches[uid]
-        return [self._draft(uid, [*tokens, token])
-                for uid, tokens, token in zip(batch.uids, batch.tokens, current)]
+        return [self._draft(uid, [*tokens, token], cap)
+                for uid, tokens, token, cap in zip(batch.uids, batch.tokens, current, caps)]
 
     def verified(self, batch) -> None:
         """Each cache keeps at most what the target kept of the sequence."""
@@ -66,18 +71,19 @@ class ModelDrafts:
             if cache is not None and cache[0].offset > len(tokens):
                 trim_prompt_cache(cache, cache[0].offset - len(tokens))
 
-    def _draft(self, uid: int, context: list[int]) -> list[int]:
+    def _draft(self, uid: int, context: list[int], cap: int) -> list[int]:
         cache = self.caches.get(uid)
         if cache is None:
             cache = self.caches[uid] = make_prompt_cache(self.model)
         logits = self._read(cache, context[cache[0].offset:])
         s, draft = self.settings, []
-        while len(draft) < s.n_max:
+        n_max = min(s.n_max, max(cap, s.n_min))  # a cap under n_min would never draft
+        while len(draft) < n_max:
             token, p = top_choice(logits)
             if p < s.p_min or token >= self.n_vocab:
                 break
             draft.append(token)
-            if len(draft) < s.n_max:
+            if len(draft) < n_max:
                 logits = self._read(cache, [token])
         return draft if len(draft) >= s.n_min else []
 

@@ -35,10 +35,14 @@ class NgramDrafts:
     size_n: int = 12  # --spec-ngram-simple-size-n: the n-gram looked up in the context
     size_m: int = 48  # --spec-ngram-simple-size-m: the tokens after it that are proposed
 
-    def drafts(self, batch, current: list[int]) -> list[list[int]]:
-        """Each row's n-gram draft (maybe none)."""
-        return [ngram_draft(tokens, token, self.size_n, self.size_m)
-                for tokens, token in zip(batch.tokens, current)]
+    @property
+    def ceiling(self) -> int:
+        return self.size_m
+
+    def drafts(self, batch, current: list[int], caps: list[int]) -> list[list[int]]:
+        """Each row's n-gram draft (maybe none), cut to its cap."""
+        return [ngram_draft(tokens, token, self.size_n, self.size_m)[:cap]
+                for tokens, token, cap in zip(batch.tokens, current, caps)]
 
     def verified(self, batch) -> None:
         """Nothing to keep in step: the drafts are read from the context itself."""

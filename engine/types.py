@@ -279,6 +279,7 @@ class EngineConfig:
     spec_draft_n_max: int = 3  # --spec-draft-n-max: a draft model's tokens per draft, at most
     spec_draft_n_min: int = 0  # --spec-draft-n-min: a shorter draft is not proposed
     spec_draft_p_min: float = 0.0  # --spec-draft-p-min: a draft stops at a less likely token
+    spec_pace: bool = True  # speculate only while it is measured faster (spec_pacer.py)
 
 
 # llama.cpp's KV cache types (-ctk/-ctv) mlxray takes: the quantized ones with their bits (MLX's

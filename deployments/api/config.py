@@ -145,6 +145,11 @@ class GraphArgs(BaseModel):
         ENGINE.spec_draft_p_min,
         description="draft-simple stops at a token less likely than this among the draft's "
                     "10 best (--spec-draft-p-min)")
+    spec_pace: bool = Field(
+        ENGINE.spec_pace,
+        description="speculate only while speculative steps are measured faster than plain "
+                    "ones at the batch's size (engine/spec_pacer.py); off (--no-spec-pace): "
+                    "every step that can, as llama-server does")
     spec_ngram_size_n: int = Field(
         ENGINE.spec_ngram_size_n, ge=1, le=1024,
         description="ngram-simple's lookup n-gram (--spec-ngram-simple-size-n)")

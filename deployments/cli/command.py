@@ -47,6 +47,7 @@ from deployments.cli.refused import (  # noqa: F401 - the command's table
     refused_env,
     refused_flags,
 )
+from deployments.cli.speculative import add_arguments as spec_arguments
 from deployments.cli.speculative import options as spec_options
 from deployments.cli.speculative import spec_fields
 from engine import device_choice
@@ -181,6 +182,7 @@ def parser() -> argparse.ArgumentParser:
         _add(groups[help_group(opt.dest)], opt)
     cli_shards.add_arguments(p)
     kv_arguments(p)
+    spec_arguments(p)
     p.add_argument("--dump-config", action="store_true",
                    help="print the Ray Serve config (YAML) and exit")
     p.add_argument("--serve-proxy", action="store_true",

@@ -62,6 +62,13 @@ def options(option: type) -> tuple:
     )
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """mlxray's own option (no llama-server counterpart)."""
+    p.add_argument("--no-spec-pace", dest="spec_pace", action="store_false", default=None,
+                   help="speculate at every step that can, as llama-server does, rather than "
+                        "only while speculation is measured faster than plain decoding")
+
+
 def spec_fields(ns: argparse.Namespace) -> dict[str, Any]:
     """GraphArgs' speculative settings given on the command line (the last kind named wins;
     ``-md`` alone drafts with its model)."""
@@ -70,7 +77,8 @@ def spec_fields(ns: argparse.Namespace) -> dict[str, Any]:
         fields["spec_type"] = [n.strip() for n in ns.spec_type.split(",")][-1]
     elif ns.model_draft is not None:
         fields["spec_type"] = "draft-simple"
-    for name in ("model_draft", "spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min"):
+    for name in ("model_draft", "spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min",
+                 "spec_pace"):
         if getattr(ns, name) is not None:
             fields[name] = getattr(ns, name)
     if ns.spec_ngram_simple_size_n is not None:

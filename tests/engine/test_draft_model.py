@@ -5,6 +5,8 @@ counters; a draft model of another vocabulary refused; and the flags."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,17 +21,25 @@ from ..draft_models import build_truncated_draft
 PROMPTS = ["def add(a, b):\n    return a + b\n\n" * 3, "import os\n", "class Foo:\n",
            "for i in range(10):\n    print(i)\n" * 3, "def main():\n", "x = [1, 2, 3]\n" * 3,
            "    for i in range(", "while True:\n"]
+# the issue's fifty: functions given whole and again in part (n-grams repeat), and single lines
+# of the engine's own source (nothing repeats)
+SOURCE = [line for line in (Path(MODEL).parents[1] / "engine" / "speculative.py").read_text()
+          .splitlines() if line.strip()]
+FIFTY = [f"def f{i}(x):\n    return x * {i} + 1\n\n" * (1 + i % 3) + f"def f{i}("
+         for i in range(25)] + [line + "\n" for line in SOURCE[:25]]
 # llama-server's default sampled chain, seeded
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 
 def engine_with(spec_type: str, draft_path: str | None = None, **settings):
+    """An engine that speculates every step it can (spec_pace off), unless told otherwise."""
     from engine.model import load_model
     from engine.scheduler import Engine, EngineConfig
 
     engine = Engine(load_model(MODEL), EngineConfig(
-        n_parallel=8, n_ctx=512, n_batch=64, spec_type=spec_type, spec_ngram_size_n=3,
-        spec_ngram_size_m=8, **settings), load_model(draft_path) if draft_path else None)
+        n_parallel=8, n_ctx=512, n_batch=64, spec_type=spec_type,
+        spec_ngram_size_n=3, spec_ngram_size_m=8, **{"spec_pace": False, **settings}),
+        load_model(draft_path) if draft_path else None)
     engine.start()
     return engine
 
@@ -43,7 +53,9 @@ def draft_folder(tmp_path_factory) -> str:
 def engines(draft_folder):
     made = {"plain": engine_with("none"), "ngram": engine_with("ngram-simple"),
             "draft": engine_with("draft-simple", draft_folder),
-            "self": engine_with("draft-simple", MODEL, spec_draft_n_max=4)}
+            "self": engine_with("draft-simple", MODEL, spec_draft_n_max=4),
+            # measured, as served: speculative and plain steps mixed as the pacer chooses
+            "paced": engine_with("draft-simple", draft_folder, spec_pace=True)}
     yield made
     for engine in made.values():
         engine.stop()
@@ -72,7 +84,7 @@ def tokens_of(engine, sampling: dict, batched: bool) -> list[list[int]]:
             for i, p in enumerate(PROMPTS)]
 
 
-@pytest.mark.parametrize("kind", ["draft", "self", "ngram"])
+@pytest.mark.parametrize("kind", ["draft", "self", "ngram", "paced"])
 @pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "sampled"])
 def test_tokens_equal_decoding_without_speculation(engines, kind, sampling):
     plain, spec = engines["plain"], engines[kind]
@@ -80,7 +92,19 @@ def test_tokens_equal_decoding_without_speculation(engines, kind, sampling):
     reference = tokens_of(plain, sampling, batched=False)
     assert tokens_of(spec, sampling, batched=False) == reference
     assert tokens_of(spec, sampling, batched=True) == reference  # eight rows in one batch
-    assert spec.metrics.spec.accepted > accepted_before  # drafts were really taken
+    if kind != "paced":  # the pacer may find speculation slower here, and stop it
+        assert spec.metrics.spec.accepted > accepted_before  # drafts were really taken
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+def test_fifty_prompts_in_batches_of_eight_keep_their_greedy_tokens(engines, kind):
+    plain, spec = engines["plain"], engines[kind]
+    for start in range(0, len(FIFTY), 8):
+        prompts = FIFTY[start:start + 8]
+        expected = [f.tokens for f in finals(plain, *[
+            request(plain, p, i, n=24) for i, p in enumerate(prompts)])]
+        assert [f.tokens for f in finals(spec, *[
+            request(spec, p, i, n=24) for i, p in enumerate(prompts)])] == expected
 
 
 def test_each_draft_holds_at_most_n_max_tokens(engines):
@@ -117,16 +141,17 @@ def test_a_draft_of_another_vocabulary_is_refused(engines):
 
 
 @pytest.mark.parametrize(("argv", "env", "expected"), [
-    (["-md", MODEL], {}, ("draft-simple", MODEL, 3, 0, 0.0)),
+    (["-md", MODEL], {}, ("draft-simple", MODEL, 3, 0, 0.0, True)),
     (["--spec-type", "draft-simple", "--model-draft", MODEL, "--spec-draft-n-max", "8",
-      "--spec-draft-n-min", "2", "--draft-p-min", "0.5"], {}, ("draft-simple", MODEL, 8, 2, 0.5)),
+      "--spec-draft-n-min", "2", "--draft-p-min", "0.5", "--no-spec-pace"], {},
+     ("draft-simple", MODEL, 8, 2, 0.5, False)),
     ([], {"LLAMA_ARG_MODEL_DRAFT": MODEL, "LLAMA_ARG_SPEC_DRAFT_N_MAX": "5"},
-     ("draft-simple", MODEL, 5, 0, 0.0)),
+     ("draft-simple", MODEL, 5, 0, 0.0, True)),
 ])
 def test_draft_flags_reach_the_config(argv, env, expected):
     args = cli.graph_args(cli.parse(["-m", MODEL, *argv], env))
     assert (args.spec_type, args.model_draft, args.spec_draft_n_max, args.spec_draft_n_min,
-            args.spec_draft_p_min) == expected
+            args.spec_draft_p_min, args.spec_pace) == expected
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -137,3 +162,16 @@ def test_draft_flags_reach_the_config(argv, env, expected):
 def test_draft_settings_that_cannot_run_are_refused(argv, message):
     with pytest.raises(Exception, match=message):
         cli.graph_args(cli.parse(["-m", MODEL, *argv], {}))
+
+
+def test_a_stop_string_inside_an_accepted_draft_ends_the_text_there(engines):
+    plain, spec = engines["plain"], engines["self"]  # every draft accepted: 5 tokens a step
+    text = finals(plain, request(plain, PROMPTS[1]))[0].content
+    stop = {"stop": [text[len(text) // 2:len(text) // 2 + 3]]}
+    expected = finals(plain, request(plain, PROMPTS[1]))[0]
+    plain_cut = finals(plain, replace(request(plain, PROMPTS[1]), **stop))
+    cut = finals(spec, replace(request(spec, PROMPTS[1]), **stop))[0]
+    assert (cut.content, cut.stop_type, cut.n_predicted) == (
+        plain_cut[0].content, "word", plain_cut[0].n_predicted)
+    assert len(cut.content) < len(expected.content)
+    assert cut.timings.draft_n_accepted > 0

@@ -25,7 +25,7 @@ def engine_with(spec_type: str, n_parallel: int):
     from engine.scheduler import Engine, EngineConfig
 
     engine = Engine(load_model(MODEL), EngineConfig(
-        n_parallel=n_parallel, n_ctx=512, n_batch=64, spec_type=spec_type,
+        n_parallel=n_parallel, n_ctx=512, n_batch=64, spec_type=spec_type, spec_pace=False,
         spec_ngram_size_n=3, spec_ngram_size_m=8))
     engine.start()
     return engine

@@ -26,7 +26,7 @@ def test_with_and_without_a_draft_model(draft):
         plain = client.post("/completion", json=BODY).json()
         assert client.get("/slots").json()[0]["speculative"] is False
     settings = {"metrics": True, "model_draft": draft, "spec_type": "draft-simple",
-                "spec_draft_n_min": 1, "spec_draft_n_max": 8}
+                "spec_draft_n_min": 1, "spec_draft_n_max": 8, "spec_pace": False}
     with local_graph(settings, engine=engines.mlx_engine) as client:
         answers = [client.post("/completion", json={**BODY, "n_predict": n}).json()
                    for n in (16, 64)]
