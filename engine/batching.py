@@ -40,8 +40,9 @@ def new_batch_generator(model: nn.Module, rows: RowTable, config: EngineConfig,
         batch = generator._generation_batch
         batch.spec = drafter
         batch.counters = counters
-        batch.pacer = Pacer() if config.spec_pace else AlwaysSpeculate()
-        batch.caps = DraftCaps(drafter.ceiling)
+        pacer = Pacer if config.spec_pace else AlwaysSpeculate
+        batch.pacer = pacer(drafter.ceiling)
+        batch.caps = DraftCaps(drafter.ceiling, adaptive=config.spec_pace)
     return generator
 
 
@@ -110,12 +111,12 @@ class _GenerationBatch(GenerationBatch):
         rows = len(self.uids)
         if self.pacer.full():
             self._close_run()
-        speculative = self.pacer.choose(rows)
-        if self.pacer.ends_run(rows, speculative):
+        width = self.pacer.choose(rows)
+        if self.pacer.ends_run(rows, width):
             self._close_run()
         start = time.perf_counter()
-        responses = self._speculative_next() if speculative else super().next()
-        self.pacer.add(rows, speculative, len(responses), time.perf_counter() - start)
+        responses = self._speculative_next(width) if width else super().next()
+        self.pacer.add(rows, width, len(responses), time.perf_counter() - start)
         return responses
 
     def _close_run(self) -> None:
@@ -123,12 +124,13 @@ class _GenerationBatch(GenerationBatch):
         mx.eval(self._next_tokens)  # the last plain step's pass, which its run is charged
         self.pacer.close(time.perf_counter() - start)
 
-    def _speculative_next(self):
-        """Draft (each row about its cap: the drafter's own bounds go first), verify, keep each
-        row's accepted prefix."""
+    def _speculative_next(self, width: int):
+        """Draft (each row about its cap, at most ``width``: the drafter's own bounds go
+        first), verify, keep each row's accepted prefix."""
         current = self._next_tokens.tolist()
         self.caps.keep(self.uids)
-        drafts = self.spec.drafts(self, current, [self.caps.cap(uid) for uid in self.uids])
+        drafts = self.spec.drafts(self, current, [min(width, self.caps.cap(uid))
+                                                  for uid in self.uids])
         if not any(drafts):
             responses = super().next()
             self.spec.verified(self)
