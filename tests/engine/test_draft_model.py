@@ -175,3 +175,27 @@ def test_a_stop_string_inside_an_accepted_draft_ends_the_text_there(engines):
         plain_cut[0].content, "word", plain_cut[0].n_predicted)
     assert len(cut.content) < len(expected.content)
     assert cut.timings.draft_n_accepted > 0
+
+
+def test_adapters_and_the_prompt_cache_with_a_draft_model(draft_folder, tmp_path):
+    """A LoRA sequence beside a plain one, drafted for by the (adapter-less) draft model: each
+    keeps mlx-lm's own tokens with its adapter; asked again, each reads its prompt from the
+    cache and answers the same."""
+    from engine.lora import read_lora
+
+    from ..adapters import mlx_lm_greedy, write_adapter
+
+    folder = write_adapter(tmp_path / "a", seed=11)
+    spec = engine_with("draft-simple", draft_folder)
+    try:
+        spec.run_on_loop(lambda e: e.adapters.add(read_lora(folder, "a")))
+        made = [replace(request(spec, PROMPTS[4], i, n=16), cache_prompt=True, adapters=a)
+                for i, a in enumerate([(), (("a", 1.0),)])]
+        first, again = finals(spec, *made), finals(spec, *made)
+    finally:
+        spec.stop()
+    expected = [mlx_lm_greedy(PROMPTS[4], 16), mlx_lm_greedy(PROMPTS[4], 16, folder)]
+    assert expected[0] != expected[1]
+    assert [f.tokens for f in first] == [f.tokens for f in again] == expected
+    assert all(f.timings.cache_n > 0 for f in again)
+    assert sum(f.timings.draft_n_accepted for f in first + again) > 0
