@@ -133,6 +133,7 @@ class CompletionParams(CompletionSamplers):
     reasoning_budget_message: str = ""
     reasoning_budget_forced: list[int] = field(default_factory=list)  # message, first end tag
     reasoning_control: bool = False
+    speculative_types: str = "none"  # the server's --spec-type, echoed (not a request field)
     echo: bool = False
     logit_bias: list[tuple[int, float | None]] = field(default_factory=list)
     ignore_eos: bool = False

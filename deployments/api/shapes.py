@@ -71,7 +71,7 @@ def generation_settings(p: CompletionParams, only_metrics: bool = False) -> dict
         "reasoning_in_content": False,
         "generation_prompt": p.generation_prompt,
         "samplers": list(p.samplers),
-        "speculative.types": "none",
+        "speculative.types": p.speculative_types,
         "timings_per_token": p.timings_per_token,
         "post_sampling_probs": p.post_sampling_probs,
         "backend_sampling": p.backend_sampling,

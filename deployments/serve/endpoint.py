@@ -47,6 +47,7 @@ class ModelEndpoint:
             args.sampling, args.temperature, args.seed, args.n_predict,
             cache_prompt=args.cache_prompt, reasoning_format=args.reasoning_format,
             reasoning_budget_tokens=args.reasoning_budget_tokens,
+            speculative_types=args.spec_type,
         )
         self.parse_context = ParseContext(
             n_parallel=args.n_parallel,

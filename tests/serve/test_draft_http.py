@@ -43,3 +43,15 @@ def test_with_and_without_a_draft_model(draft):
         t["draft_n"] for t in timings)
     assert counters["llamacpp:spec_decode_num_accepted_tokens_total"] == sum(
         t["draft_n_accepted"] for t in timings)
+
+
+def test_the_speculative_kind_is_echoed_in_the_generation_settings(draft):
+    settings = {"model_draft": draft, "spec_type": "draft-simple"}
+    with local_graph(settings) as client:
+        props = client.get("/props").json()
+        answer = client.post("/completion", json={"prompt": "x", "n_predict": 2}).json()
+    assert props["default_generation_settings"]["params"]["speculative.types"] == "draft-simple"
+    assert answer["generation_settings"]["speculative.types"] == "draft-simple"
+    with local_graph() as client:
+        assert client.get("/props").json()["default_generation_settings"]["params"][
+            "speculative.types"] == "none"
