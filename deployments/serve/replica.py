@@ -132,7 +132,7 @@ class ModelReplica:
     async def ready(self) -> bool:
         """Loaded, or asleep; in router mode as soon as the replica is up (its model loads when
         the router asks for it)."""
-        return (self.engine is not None or self.residency.status == "sleeping"
+        return (self.residency.status in ("loaded", "sleeping")
                 or self.args.models_dir is not None)
 
     async def load(self) -> dict:

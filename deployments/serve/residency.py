@@ -89,12 +89,13 @@ class Residency:
             if only_idle and self.active:
                 return {"unloaded": False, "status": self.status, "busy": True,
                         "freed_bytes": 0}
-            self.engine, self.status = None, status
+            self.engine = None  # the status changes once the memory is freed, not before
             self._forget()
             self.last_metrics = engine.metrics_snapshot()
             held = [engine]
             del engine
             freed = await asyncio.to_thread(_stop, held)
+            self.status = status
             log.info("model %s: %d bytes freed", status, freed)
             return {"unloaded": True, "status": status, "freed_bytes": freed}
 
