@@ -61,6 +61,7 @@ class Residency:
         self.last_used = time.monotonic()
         self.last_metrics: dict | None = None  # the snapshot taken when it last unloaded
         self.loads = 0
+        self.freed = 0  # bytes the last unload freed
         self._turns = asyncio.Lock()
 
     async def load(self) -> EngineLike:
@@ -94,7 +95,7 @@ class Residency:
             self.last_metrics = engine.metrics_snapshot()
             held = [engine]
             del engine
-            freed = await asyncio.to_thread(_stop, held)
+            freed = self.freed = await asyncio.to_thread(_stop, held)
             self.status = status
             log.info("model %s: %d bytes freed", status, freed)
             return {"unloaded": True, "status": status, "freed_bytes": freed}
@@ -140,5 +141,5 @@ class Residency:
     def state(self) -> dict:
         failed = self.error is not None and self.status == "unloaded"
         return {"status": self.status, "active": self.active, "loads": self.loads,
-                "memory_bytes": memory_in_use(), "failed": failed,
+                "memory_bytes": memory_in_use(), "freed_bytes": self.freed, "failed": failed,
                 "error": str(self.error) if failed else None}

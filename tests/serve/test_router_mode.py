@@ -20,6 +20,7 @@ from tests.reliability import dedicated_app
 
 APP, SLEEPY = "router", "routersleep"
 CPU = {"ray_actor_options": {"num_cpus": 0.25}}
+WEIGHTS_BYTES = (Path(MODEL) / "model.safetensors").stat().st_size
 
 
 def folder(root: Path, *names: str) -> Path:
@@ -219,7 +220,10 @@ def test_each_model_has_its_own_replica_and_requests_reach_it(sleepy):
 def test_an_idle_model_sleeps_and_the_next_request_wakes_it(sleepy):
     assert complete(sleepy, "tiny-a").status_code == 200
     wait_for(sleepy, "tiny-a", "sleeping", timeout=20)
-    assert replica_state(SLEEPY, "tiny-a")["memory_bytes"] < 1_000_000  # the weights are gone
+    # the weights are gone: the unload freed at least their size (measured in the replica, not
+    # the process's whole MLX memory, which in the full suite has held 3.8 MB besides)
+    asleep = replica_state(SLEEPY, "tiny-a")
+    assert asleep["freed_bytes"] >= WEIGHTS_BYTES, asleep
     assert sleepy.get("/props?model=tiny-a").json()["is_sleeping"] is True
     assert sleepy.get("/health").status_code == 200
     assert sleepy.get("/metrics?model=tiny-a").status_code == 200
