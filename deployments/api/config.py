@@ -234,6 +234,14 @@ class GraphArgs(BaseModel):
     models_dir: str | None = Field(
         None, description="the folder `models` was found in (mlxray --models-dir, llama-server's "
                           "router mode): /models then answers as the reference's router")
+    models_preset: str | None = Field(
+        None, description="the preset file `models` was read from (mlxray --models-preset, "
+                          "llama-server's INI of per-model settings): router mode as with "
+                          "models_dir")
+    load_on_startup: bool = Field(False, description="router mode: load this model when the "
+                                  "application starts (a preset's load-on-startup)")
+    model_source: Literal["models_dir", "preset"] = Field(
+        "models_dir", description="router mode: where the model was found (GET /models' source)")
     models_max: int = Field(4, ge=0, description="router mode: models loaded at once, the least "
                                                 "recently used idle one unloaded past it (0: any)")
     models_autoload: bool = Field(True, description="router mode: a request loads its model")
@@ -404,6 +412,11 @@ class GraphArgs(BaseModel):
     def gather(self) -> Gather:
         return Gather(self.stream_interval_ms / 1e3, self.stream_interval_per_sequence_ms / 1e3,
                       max(self.stream_interval_max_ms, self.stream_interval_ms) / 1e3)
+
+    @property
+    def routed(self) -> bool:
+        """Router mode: models found in a folder or a preset, each loaded on demand."""
+        return self.models_dir is not None or self.models_preset is not None
 
     @property
     def model_name(self) -> str:

@@ -44,7 +44,7 @@ def router_entry(args: GraphArgs, state: ModelState, created: int) -> dict[str, 
         "created": created,
         "status": state.status_json(),
         "architecture": ARCHITECTURE,
-        "source": "models_dir",
+        "source": args.model_source,
         "can_remove": False,
     }
     if state.running and state.info:

@@ -17,8 +17,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import yaml
 
 import deployments.cli.lora as cli_lora
 import deployments.cli.models_dir as cli_models_dir
+import deployments.cli.preset as preset
 import deployments.cli.rope as cli_rope
 import deployments.cli.runtime as cli_runtime
 import deployments.cli.sampling as cli_sampling
@@ -33,11 +33,12 @@ import deployments.cli.shards as cli_shards
 import deployments.cli.template as cli_template
 import deployments.cli.url as cli_url
 from deployments.api import vertex
-from deployments.api.config import GraphArgs
+from deployments.api.config import APP_WIDE, GraphArgs
 from deployments.api.field_parsers import REASONING_FORMATS
 from deployments.cli.kv import add_arguments as kv_arguments
 from deployments.cli.kv import kv_fields, kv_options
 from deployments.cli.launch import GRPC_MESSAGE_ENV, cluster_env_defaults, run
+from deployments.cli.options import Option, check_only, check_value, from_env
 from deployments.cli.refused import (  # noqa: F401 - the command's table
     REFUSED,
     TENSOR_SPLIT,
@@ -58,39 +59,12 @@ APP_NAME = "mlxray"
 AUTO_PARALLEL = 4  # llama-server's -np -1 (its default)
 
 
-@dataclass(frozen=True)
-class Option:
-    """One honored llama-server option: its flags, its environment variable, where it lands."""
-
-    flags: tuple[str, ...]
-    dest: str
-    env: str | None = None
-    kind: Callable[[str], Any] | None = str
-    help: str = ""
-    negative: tuple[str, ...] = ()  # --no-X flags of a boolean option
-    # a switch mlxray honors one way only: the value it always has (the other way is refused,
-    # naming the spelling given, with this reason)
-    only: bool | None = None
-    reason: str = ""
-    # the reference's refusal of a value it parses (its message), None for a value it takes
-    check: Callable[[Any], str | None] | None = None
-    repeat: bool = False  # repeatable: each use extends the list ``kind`` makes of its value
-
-    def spellings(self, value: bool) -> tuple[str, ...]:
-        return self.flags if value else self.negative
-
-
 def _reasoning_format(name: str) -> str | None:
     return None if name in REASONING_FORMATS else f"Unknown reasoning format: {name}"
 
 
 def _reasoning_budget(tokens: int) -> str | None:
     return None if tokens >= -1 else "invalid value"
-
-
-def _bool_env(value: str) -> bool:
-    """llama-server's reading of a boolean variable."""
-    return value.strip().lower() in ("1", "true", "on", "enabled", "yes")
 
 
 HONORED: tuple[Option, ...] = (
@@ -222,57 +196,24 @@ def help_group(dest: str) -> str:
     return "server"
 
 
-def _from_env(opt: Option, environ: dict[str, str]) -> Any:
-    raw = environ.get(opt.env) if opt.env else None
-    if raw is None:
-        return None
-    if opt.kind is None:
-        return _bool_env(raw)
-    try:
-        return opt.kind(raw)
-    except ValueError:
-        raise Refused(f"{opt.env}={raw!r} is not a valid {opt.flags[-1]}") from None
-
-
 def parse(argv: Sequence[str], environ: dict[str, str]) -> argparse.Namespace:
     names = refused_flags(argv) + refused_env(environ)
     if names:
         raise Refused(refusal(names))
     ns = parser().parse_args(list(argv))
-    ns.argv = list(argv)
+    ns.argv, ns.environ = list(argv), environ
     for opt in HONORED:
         from_flag = getattr(ns, opt.dest) is not None
         if not from_flag:
-            value = _from_env(opt, environ)
+            value = from_env(opt, environ)
             setattr(ns, opt.dest, DEFAULTS.get(opt.dest) if value is None else value)
-        _check_only(opt, getattr(ns, opt.dest), argv, environ)
-        _check_value(opt, getattr(ns, opt.dest), argv if from_flag else None)
+        check_only(opt, getattr(ns, opt.dest), argv, environ)
+        check_value(opt, getattr(ns, opt.dest), argv if from_flag else None)
     # Vertex AI's prediction mode (AIP_MODE=PREDICTION): its routes, and its port over --port
     ns.vertex_routes = vertex.routes_from_env(environ)
     ns.port_given, aip_port = ns.port, vertex.port_from_env(environ)
     ns.port = ns.port if aip_port is None else aip_port
     return ns
-
-
-def _check_value(opt: Option, value: Any, argv: Sequence[str] | None) -> None:
-    """A value the reference refuses, with its message, naming the spelling given (``argv``)
-    or, when the value came from the environment, the variable."""
-    error = opt.check(value) if opt.check and value is not None else None
-    if error is None:
-        return
-    if argv is None:
-        raise Refused(f'error while handling environment variable "{opt.env}": {error}')
-    name = [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in opt.flags][-1]
-    raise Refused(f'error while handling argument "{name}": {error}')
-
-
-def _check_only(opt: Option, value: Any, argv: Sequence[str], environ: dict[str, str]) -> None:
-    """A one-way switch set the other way is refused, naming the spelling or variable given."""
-    if opt.only is None or value is None or value == opt.only:
-        return
-    given = [a for a in argv if a in opt.spellings(not opt.only)]
-    name = given[-1] if given else f"{opt.env}={environ.get(opt.env or '', '')}"
-    raise Refused(f"mlxray does not honor {name}: {opt.reason}")
 
 
 def model_context(model_path: str) -> int:
@@ -323,8 +264,9 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     sampling = cli_sampling.sampling_fields(ns, ns.argv)
     if sampling:
         fields["sampling"] = sampling
-    router = cli_models_dir.models_fields(ns, parallel, model_context)
-    if router:  # every model's own n_ctx: -c's split is made per model
+    router = cli_models_dir.models_fields(ns, lambda head: _router_entry(ns, head),
+                                          preset_keys())
+    if router:  # each model's own settings, -c's split made per model
         return GraphArgs.model_validate({**fields, **router})
     # --dump-config with -mu: the file is not downloaded, its path is shown all the same
     pending = {"model_pending": bool(ns.model_url and ns.dump_config)}
@@ -340,6 +282,28 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                           f"-np {parallel}")
         fields["n_ctx"] = total // parallel
     return GraphArgs.model_validate(fields, context=pending)
+
+
+# an application's settings, never one router-mode model's
+NOT_PER_MODEL = {*APP_WIDE, "models", "models_dir", "models_preset", "models_max",
+                 "models_autoload", "alias"}
+
+
+def _router_entry(ns: argparse.Namespace, head: list[str]) -> dict[str, Any]:
+    """One router-mode model's ``models`` entry: the command as if run for that model alone,
+    its arguments ``head`` (its file and preset sections) under the command line's own."""
+    argv = [*head, *cli_models_dir.without_router_flags(ns.argv)]
+    model_ns = parse(argv, ns.environ)
+    model_ns.models_dir = model_ns.models_preset = None
+    graph = graph_args(model_ns)
+    entry = {k: v for k, v in graph.model_dump(exclude_defaults=True).items()
+             if k not in NOT_PER_MODEL}
+    return {**entry, "model": graph.model, "n_ctx": graph.n_ctx}
+
+
+def preset_keys() -> dict[str, preset.Spelling]:
+    """Every key a --models-preset section may use: the command's flags and variables."""
+    return preset.spellings(parser(), {o.env: o.flags[-1] for o in HONORED if o.env})
 
 
 # what the shipped configs set (configs/local.yaml): user code and the handle router on each

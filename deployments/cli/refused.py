@@ -31,9 +31,6 @@ KV_SHIFT = ("reusing cached chunks after the common prefix needs their keys re-r
             "the prefix cache reuses the longest common prefix")
 YARN = ("MLX's YaRN RoPE (mlx-lm rope_utils) has no such factor: set rope_scaling's mscale in "
         "the model's config.json instead")
-ROUTER = ("a models preset (per-model settings, pinning, allow-lists) is not read yet: "
-          "--models-dir serves every model of its folder with the command's settings (issue #30)")
-
 REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
               "each slot owns its KV cache: there is no shared KV buffer"),
@@ -49,7 +46,6 @@ REFUSED: tuple[Unhonored, ...] = (
     Unhonored(("--slot-prompt-similarity", "-sps"), None,
               "every slot shares the prefix cache: a request reuses the longest cached prefix "
               "whatever slot it gets"),
-    Unhonored(("--models-preset",), "LLAMA_ARG_MODELS_PRESET", ROUTER),
 )
 
 REFUSED_BY_NAME = {name: u for u in REFUSED for name in (*u.flags, *([u.env] if u.env else []))}

@@ -118,7 +118,7 @@ class IngressBase:
         self.by_name = {m.name: m for m in self.models}
         self.api_keys = api_keys(args)
         self.started = time.time()
-        self.router = self._router() if args.models_dir is not None else None
+        self.router = self._router() if args.routed else None
 
     def _router(self) -> ModelRouter:
         board = self.board
@@ -131,10 +131,12 @@ class IngressBase:
             model = self.by_name[name]
             return oai_entry(model.args, await model.model_info(), int(time.time()), name)
 
-        sleep = self.args.sleep_idle_seconds
-        return ModelRouter({m.name: m.replica for m in self.models}, self.args.models_max,
-                           self.args.models_autoload, unload_each, describe,
-                           sleep_poll_s=min(1.0, sleep / 4) if sleep > 0 else None)
+        sleeps = [m.args.sleep_idle_seconds for m in self.models if m.args.sleep_idle_seconds > 0]
+        router = ModelRouter({m.name: m.replica for m in self.models}, self.args.models_max,
+                             self.args.models_autoload, unload_each, describe,
+                             sleep_poll_s=min(1.0, min(sleeps) / 4) if sleeps else None)
+        router.load_at_start([m.name for m in self.models if m.args.load_on_startup])
+        return router
 
     def select(self, name: Any) -> ModelEndpoint:
         """The model a request names, or the model of the LoRA adapter it names (models are
@@ -161,7 +163,7 @@ class IngressBase:
             raise router_models.missing_model()
         model = self.select(name)
         autoload = router_models.wants_autoload(query.get("autoload"), self.args.models_autoload)
-        await self.router.ensure(model.name, autoload)
+        await self.router.ensure(model.name, autoload, wakes=isinstance(body, dict))
         held = HELD.get()
         if held is not None:
             self.router.hold(model.name)

@@ -52,11 +52,16 @@ class ModelRouter:
         self._sleep_watch: asyncio.Task | None = None
 
     # ---- requests -----------------------------------------------------------------------
-    async def ensure(self, name: str, autoload: bool) -> None:
-        """Return once ``name`` can answer (loaded, or asleep: its replica wakes itself)."""
+    async def ensure(self, name: str, autoload: bool, wakes: bool = True) -> None:
+        """Return once ``name`` can answer (loaded, or asleep: its replica wakes itself on a
+        request that ``wakes`` it, shown loaded from now on; a GET of /props or /metrics does
+        not)."""
         self._watch_sleep()
         state = self.states[name]
         state.last_used = time.monotonic()
+        if state.status == "sleeping" and wakes:
+            state.status = "loaded"
+            self._publish(rm.status_change(state))
         if state.status in rm.READY:
             return
         if not state.running and not autoload:
@@ -74,6 +79,18 @@ class ModelRouter:
         state.last_used = time.monotonic()
         if not state.requests:
             self._idle.set()
+
+    def load_at_start(self, names: list[str]) -> None:
+        """A preset's load-on-startup models, loaded in the background once the event loop that
+        builds the router runs (the ingress's)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # built outside an event loop: the first request loads them
+            if names:
+                log.warning("no event loop: %s not loaded at start", ", ".join(names))
+            return
+        for name in names:
+            self._load_task(name)
 
     # ---- /models/load, /models/unload -------------------------------------------------
     def load(self, name: str) -> None:

@@ -83,7 +83,7 @@ class ModelReplica:
         self._info: dict | None = None
         self.adapters = ReplicaAdapters(args)
         self._load_adapter = self.adapters.multiplexed(args.max_adapters_per_replica)
-        self._routed = args.models_dir is not None  # router mode: the first request loads it
+        self._routed = args.routed  # router mode: the first request loads it
         self.residency = Residency(self._make_engine, on_demand=self._routed,
                                    sleep_idle_s=args.sleep_idle_seconds,
                                    forget=self.adapters.forget)
@@ -133,7 +133,7 @@ class ModelReplica:
         """Loaded, or asleep; in router mode as soon as the replica is up (its model loads when
         the router asks for it)."""
         return (self.residency.status in ("loaded", "sleeping")
-                or self.args.models_dir is not None)
+                or self.args.routed)
 
     async def load(self) -> dict:
         """Router mode: load the model now (nothing to do once loaded); its state after."""

@@ -8,7 +8,7 @@ import yaml
 
 from deployments.api.config import GraphArgs
 from deployments.cli import command as cli
-from deployments.cli.refused import ROUTER
+from deployments.cli.refused import YARN
 from deployments.serve.endpoint import api_keys
 from tests.conftest import MODEL, REPO
 
@@ -70,11 +70,11 @@ def test_unhonored_options_are_refused_by_name(argv, environ, named):
 
 def test_refusals_give_each_option_its_reason():
     with pytest.raises(cli.Refused) as refused:
-        cli.parse(["-ts", "1,1", "--models-preset", "p.ini"], {"LLAMA_ARG_NUMA": "distribute"})
+        cli.parse(["-ts", "1,1", "--yarn-ext-factor", "1"], {"LLAMA_ARG_NUMA": "distribute"})
     lines = str(refused.value).splitlines()
     assert lines[1:] == [
         f"  -ts: {cli.TENSOR_SPLIT}",
-        f"  --models-preset: {ROUTER}",
+        f"  --yarn-ext-factor: {YARN}",
         "  LLAMA_ARG_NUMA: MLX places its memory itself"]
 
 

@@ -69,7 +69,7 @@ def test_the_serve_config_names_each_models_deployments(models_dir):
 
 @pytest.mark.parametrize("argv,message", [
     (["--models-dir", "/nonexistent"], "'/nonexistent' does not exist or is not a directory"),
-    (["--models-dir", "{dir}", "-m", MODEL], "give it without -m"),
+    (["--models-dir", "{dir}", "-m", MODEL], "without -m, -hf or -mu"),
     (["--models-dir", "{empty}"], "no model found"),
 ])
 def test_a_models_dir_that_cannot_serve_is_refused(models_dir, argv, message):

@@ -228,8 +228,10 @@ def test_an_idle_model_sleeps_and_the_next_request_wakes_it(sleepy):
     assert sleepy.get("/health").status_code == 200
     assert sleepy.get("/metrics?model=tiny-a").status_code == 200
     assert replica_state(SLEEPY, "tiny-a")["status"] == "sleeping"  # none of them woke it
+    assert statuses(sleepy)["tiny-a"] == "sleeping"
     loads = replica_state(SLEEPY, "tiny-a")["loads"]
     assert complete(sleepy, "tiny-a").status_code == 200  # waits for the load
+    assert statuses(sleepy)["tiny-a"] == "loaded"  # at once, not at the router's next look
     assert replica_state(SLEEPY, "tiny-a")["loads"] == loads + 1
 
 
