@@ -21,6 +21,7 @@ from deployments.api.chat_template import CHATML
 from deployments.api.defaults import check_sampling
 from deployments.api.field_parsers import REASONING_FORMATS
 from deployments.api.json_values import INT32_MAX
+from deployments.api.models_folder import find_models
 from engine.adapter_folder import AdapterError, adapter_kind
 from engine.device_choice import DEVICE_PATTERN
 from engine.gguf import is_gguf
@@ -271,6 +272,24 @@ class GraphArgs(BaseModel):
     def _known_sampling(cls, sampling: dict[str, Any]) -> dict[str, Any]:
         return check_sampling(sampling)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _models_of_the_folder(cls, data: Any) -> Any:
+        """A config that names ``models_dir`` and no ``models`` serves every model of the folder
+        (as ``mlxray --models-dir`` does); a ``models_preset`` needs the command to read it."""
+        if not isinstance(data, dict) or data.get("models") is not None:
+            return data
+        if data.get("models_preset") is not None:
+            raise ValueError("models_preset: a config gets its models from the command: write it "
+                             "with mlxray --models-preset FILE --dump-config")
+        if data.get("models_dir") is None:
+            return data
+        found = find_models(data["models_dir"])
+        if not found:
+            raise ValueError(f"models_dir {data['models_dir']}: no model found")
+        models = [{"model": str(path.absolute()), "alias": name} for name, path in found]
+        return {**data, "model": data.get("model", models[0]["model"]), "models": models}
+
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> GraphArgs:
         looks_local = Path(self.model).is_absolute() or self.model.startswith(".")
@@ -377,7 +396,8 @@ class GraphArgs(BaseModel):
         keys = self.model_dump(exclude={"models", "adapters", "alias", "adapter", "lora_dir"},
                                exclude_unset=True)
         return tuple(GraphArgs.model_validate({**keys, "model": self.model, "alias": spec.name,
-                                               "adapter": spec.path}) for spec in fused)
+                                               "adapter": spec.path, "models": ()})
+                     for spec in fused)
 
     @property
     def draft_path(self) -> str:
@@ -438,7 +458,7 @@ def _model_entry(index: int, entry: dict[str, Any], shared: dict[str, Any]) -> G
         raise ValueError(f"models[{index}]: {', '.join(wide)} is set for the whole application, "
                          "not per model")
     try:
-        return GraphArgs.model_validate({**shared, **entry})
+        return GraphArgs.model_validate({**shared, **entry, "models": ()})
     except ValidationError as exc:
         details = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
                             for e in exc.errors())

@@ -1,12 +1,8 @@
-"""llama-server's ``--models-dir DIR``: every model under DIR, one ``models`` entry each.
-
-The models are found and named as the reference's ``load_from_models_dir`` (common/preset.cpp)
-does: a ``.gguf`` file directly in DIR is a model named after the file less ``.gguf``; a folder
-is a model named after the folder when it holds a ``.gguf`` file (the first shard
-``-00001-of-`` of a split one), and here also when it is an mlx-lm folder (a ``config.json``).
-Projector (``mmproj``) and draft files are companions, never models. Each model gets its own
-replica deployment (as a config's ``models`` list), started without its model: the router loads
-it on demand (deployments/serve/model_router.py).
+"""llama-server's router options: ``--models-dir DIR`` (every model under DIR, found and named
+by deployments/api/models_folder.py) and ``--models-preset FILE`` (deployments/cli/preset.py), one
+``models`` entry each. Each model gets its own replica deployment (as a config's ``models``
+list), started without its model: the router loads it on demand
+(deployments/serve/model_router.py).
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from typing import Any
 
 from deployments.api.config import GraphArgs, replica_ongoing_limit
 from deployments.api.deployment_names import replica_deployment
+from deployments.api.models_folder import find_models
 from deployments.cli import preset
 from deployments.cli.refused import Refused
 
@@ -57,42 +54,6 @@ def router_fields(ns: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(ns, name) for name in names if getattr(ns, name, None) is not None}
 
 
-DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")  # the reference's draft_prefixes
-
-
-def _companion(name: str) -> bool:
-    """A projector or draft file the reference pairs with a model, never loads as one."""
-    return "mmproj" in name or name.startswith(DRAFT_PREFIXES)
-
-
-def _folder_model(folder: Path) -> Path | None:
-    """The file or folder to load for one subfolder of the models folder, if it is a model."""
-    ggufs = sorted(f for f in folder.iterdir() if f.name.endswith(".gguf") and f.is_file()
-                   and not _companion(f.name))
-    first_shards = [f for f in ggufs if "-00001-of-" in f.name]
-    if first_shards:
-        return first_shards[0]
-    if ggufs:
-        return ggufs[-1]  # the reference keeps the last one it lists
-    return folder if (folder / "config.json").is_file() else None
-
-
-def find_models(models_dir: str) -> list[tuple[str, Path]]:
-    """(name, path) of every model under ``models_dir``, sorted by name."""
-    root = Path(models_dir)
-    if not root.is_dir():
-        raise Refused(f"error: '{models_dir}' does not exist or is not a directory")
-    found: list[tuple[str, Path]] = []
-    for entry in sorted(root.iterdir()):
-        if entry.is_dir():
-            path = _folder_model(entry)
-            if path is not None:
-                found.append((entry.name, path))
-        elif entry.name.endswith(".gguf") and not _companion(entry.name):
-            found.append((entry.name.replace(".gguf", ""), entry))
-    return sorted(found)
-
-
 def routed(ns: argparse.Namespace) -> bool:
     return bool(ns.models_dir or ns.models_preset)
 
@@ -127,7 +88,10 @@ def models_fields(ns: argparse.Namespace, entry: Callable[[list[str]], dict[str,
     if ns.model or ns.hf_repo or ns.model_url:
         raise Refused("--models-dir and --models-preset serve the models they name: give them "
                       "without -m, -hf or -mu")
-    found = dict(find_models(ns.models_dir)) if ns.models_dir else {}
+    try:
+        found = dict(find_models(ns.models_dir)) if ns.models_dir else {}
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
     shared, sections = (preset.load(ns.models_preset, keys) if ns.models_preset
                         else (preset.Preset(preset.GLOBAL_SECTION), {}))
     if not found and not sections:

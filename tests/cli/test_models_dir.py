@@ -103,3 +103,21 @@ def test_each_model_of_the_folder_answers_by_its_name(served):
         assert answer.json()["model"] == name
     listed = served.get("/v1/models").json()["data"]
     assert [m["status"]["value"] for m in listed] == ["loaded", "loaded"]
+
+
+def test_a_config_with_models_dir_serves_the_folder_as_the_command_does(models_dir):
+    """configs/*.yaml's ``models_dir`` alone: the same models as ``mlxray --models-dir``."""
+    from pydantic import ValidationError
+
+    from deployments.api.config import GraphArgs
+
+    command = router_args(["--models-dir", str(models_dir), "-c", "1024", "-np", "2"])
+    config = GraphArgs.model_validate({"models_dir": str(models_dir), "n_parallel": 2,
+                                       "n_ctx": 512})
+    assert config.routed and config.model == command["models"][0]["model"]
+    assert [(c.model_name, c.model, c.n_ctx, c.n_parallel) for c in config.model_configs()] == [
+        (m["alias"], m["model"], 512, 2) for m in command["models"]]
+    with pytest.raises(ValidationError, match="no model found"):
+        GraphArgs.model_validate({"models_dir": str(models_dir / "empty")})
+    with pytest.raises(ValidationError, match="mlxray --models-preset FILE --dump-config"):
+        GraphArgs.model_validate({"models_preset": "p.ini"})
