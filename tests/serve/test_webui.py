@@ -1,7 +1,8 @@
 """The web page at / and mlxray's /mlxray/status, over HTTP and in a real browser (headless
 Chromium driven by Selenium): the page loads, asks for the API key, streams a chat answer equal
 to the API's greedy answer, stops a long generation (the slot is freed), keeps the conversation
-across a reload, and its status view shows every slot.
+across a reload, its status view shows every slot, and in router mode its model picker shows
+each model's status and loads the one picked.
 
 Screenshots go to a temporary folder; ``make screenshots`` writes the ones the README shows
 (``MLXRAY_SCREENSHOTS=docs/img``)."""
@@ -269,3 +270,42 @@ def test_stop_frees_the_slot_and_the_status_view_shows_it(browser, webui_base, s
     assert model == "tiny-python"
     assert "1 replica reporting" in text and "2 slots each" in text
     driver.save_screenshot(str(shots / "webui-status.png"))
+
+
+@pytest.fixture(scope="module")
+def router_base(serve_instance, tmp_path_factory) -> Iterator[str]:
+    """Router mode: two models of a folder, one loaded at a time."""
+    from deployments.cli import command as cli
+
+    root = tmp_path_factory.mktemp("picker")
+    for name in ("tiny-a", "tiny-b"):
+        (root / name).symlink_to(Path(MODEL).resolve(), target_is_directory=True)
+    argv = ["--models-dir", str(root), "-c", "256", "-np", "1", "--models-max", "1"]
+    args = cli.serve_config(cli.parse(argv, {}))["applications"][0]["args"]
+    with dedicated_app(serve_instance, "picker", args,
+                       {"ray_actor_options": {"num_cpus": 0.25}}) as base:
+        yield base
+
+
+def test_the_model_picker_shows_each_status_and_loads_the_one_picked(browser, router_base,
+                                                                     shots):
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(router_base + "/")
+
+    def labels() -> list[str]:
+        return driver.execute_script("return [...document.querySelectorAll('#model option')]"
+                                     ".map(o => o.textContent)")
+
+    wait_for(lambda: labels() == ["tiny-a (unloaded)", "tiny-b (unloaded)"], what="the picker")
+    Select(by_id(driver, "model")).select_by_value("tiny-b")
+    wait_for(lambda: labels() == ["tiny-a (unloaded)", "tiny-b (loaded)"], timeout=60,
+             what="tiny-b loaded from the picker")
+    Select(by_id(driver, "model")).select_by_value("tiny-a")  # --models-max 1: tiny-b makes room
+    wait_for(lambda: labels() == ["tiny-a (loaded)", "tiny-b (unloaded)"], timeout=60,
+             what="tiny-a loaded in tiny-b's place")
+    statuses = {m["id"]: m["status"]["value"]
+                for m in httpx.get(router_base + "/models").json()["data"]}
+    assert statuses == {"tiny-a": "loaded", "tiny-b": "unloaded"}
+    driver.save_screenshot(str(shots / "webui-router.png"))

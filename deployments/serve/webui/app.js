@@ -52,14 +52,37 @@ async function errorText(res) {
 }
 
 // ---- models --------------------------------------------------------------------------------
+// In router mode (--models-dir, --models-preset) each model has a status: the picker shows it,
+// and picking a model that is not loaded loads it (POST /models/load), the label following it.
 async function loadModels() {
   const res = await api("v1/models");
-  if (!res.ok) return;
+  if (!res.ok) return [];
   const { data } = await res.json();
   const select = $("model");
-  select.replaceChildren(...data.map((m) => new Option(m.id, m.id)));
-  const preferred = localStorage.getItem(KEYS.model);
-  if (data.some((m) => m.id === preferred)) select.value = preferred;
+  const wanted = select.value || localStorage.getItem(KEYS.model);
+  select.replaceChildren(...data.map((m) => new Option(modelLabel(m), m.id)));
+  if (data.some((m) => m.id === wanted)) select.value = wanted;
+  return data;
+}
+
+function modelLabel(model) {
+  const status = model.status?.value;
+  return status ? `${model.id} (${status}${model.status.failed ? ", failed" : ""})` : model.id;
+}
+
+async function pickModel(name) {
+  localStorage.setItem(KEYS.model, name);
+  const status = (models) => models.find((m) => m.id === name)?.status;
+  const before = status(await loadModels());
+  if (!before || before.value !== "unloaded") return;
+  const res = await api("models/load", { method: "POST", body: JSON.stringify({ model: name }),
+                                         headers: { "Content-Type": "application/json" } });
+  if (!res.ok) return;
+  for (let i = 0; i < 120; i++) {  // the label follows the load, for a minute at most
+    await new Promise((done) => setTimeout(done, 500));
+    const now = status(await loadModels());
+    if (!now || now.value === "loaded" || (now.value === "unloaded" && now.failed)) return;
+  }
 }
 
 // ---- settings ------------------------------------------------------------------------------
@@ -325,7 +348,7 @@ function main() {
   restoreSettings();
   renderMessages();
   loadModels();
-  $("model").addEventListener("change", (e) => localStorage.setItem(KEYS.model, e.target.value));
+  $("model").addEventListener("change", (e) => pickModel(e.target.value));
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("prompt").value;
