@@ -239,6 +239,8 @@ class GraphArgs(BaseModel):
         None, description="the preset file `models` was read from (mlxray --models-preset, "
                           "llama-server's INI of per-model settings): router mode as with "
                           "models_dir")
+    aliases: tuple[str, ...] = Field((), description="router mode: other names the model answers "
+                                     "to (a preset's alias, comma-separated)")
     load_on_startup: bool = Field(False, description="router mode: load this model when the "
                                   "application starts (a preset's load-on-startup)")
     model_source: Literal["models_dir", "preset"] = Field(
@@ -380,6 +382,12 @@ class GraphArgs(BaseModel):
                 raise ValueError(f"model '{config.model_name}' appears multiple times "
                                  "(give each entry its own alias)")
             seen.add(config.model_name)
+        for config in configs:
+            for alias in config.aliases:  # the reference's own messages
+                if alias in seen:
+                    raise ValueError(f"alias '{alias}' for model '{config.model_name}' conflicts "
+                                     "with existing model name or alias")
+                seen.add(alias)
         for config in configs:
             for spec in config.lora_specs():
                 if spec.name in seen:  # model names are matched first: one would be hidden

@@ -37,7 +37,7 @@ def router_entry(args: GraphArgs, state: ModelState, created: int) -> dict[str, 
     """A folder model's entry: its status, and while it runs its own entry's other keys."""
     entry: dict[str, Any] = {
         "id": state.name,
-        "aliases": [args.alias] if args.alias and args.alias != state.name else [],
+        "aliases": sorted({*args.aliases, *([args.alias] if args.alias else [])} - {state.name}),
         "tags": [],
         "object": "model",
         "owned_by": "llamacpp",

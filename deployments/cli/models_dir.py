@@ -94,6 +94,8 @@ def models_fields(ns: argparse.Namespace, entry: Callable[[list[str]], dict[str,
         raise Refused(str(exc)) from None
     shared, sections = (preset.load(ns.models_preset, keys) if ns.models_preset
                         else (preset.Preset(preset.GLOBAL_SECTION), {}))
+    if shared.aliases:  # the reference refuses it too: every model would have that name
+        raise Refused(f"preset '*': alias '{shared.aliases[0]}' would name every model")
     if not found and not sections:
         where = f"--models-dir {ns.models_dir}" if ns.models_dir else \
             f"--models-preset {ns.models_preset}"
@@ -121,6 +123,8 @@ def _entry(name: str, path: Path | None, shared: preset.Preset, section: preset.
     out = {**entry(head), "alias": name, "model_source": "preset" if section else "models_dir"}
     if path is not None and not (section and section.sets_model):
         out["model"] = str(path.absolute())  # as the folder lists it (-m resolves links)
+    if section and section.aliases:
+        out["aliases"] = list(section.aliases)
     starts = [p.load_on_startup for p in (section, shared) if p and p.load_on_startup is not None]
     if starts and starts[0]:
         out["load_on_startup"] = True

@@ -50,6 +50,7 @@ class Preset:
     load_on_startup: bool | None = None
     stop_timeout: int | None = None
     sets_model: bool = False  # names its model file (model, hf-repo or model-url)
+    aliases: list[str] = field(default_factory=list)  # its other names (alias = a, b)
 
 
 def read_ini(path: str) -> dict[str, dict[str, str]]:
@@ -165,9 +166,9 @@ def section_preset(name: str, keys: Mapping[str, str], known: Mapping[str, Spell
         if spelling.dest in ROUTER_DESTS:
             log.warning("preset '%s': %s is set by the router, ignored", name, key)
             continue
-        if spelling.dest == "alias":
-            raise Refused(f"preset '{name}': {key}: a model's other names are not served yet "
-                          "(issue #30): router mode names each model after its section")
+        if spelling.dest == "alias":  # the model's other names; its own is the section's
+            preset.aliases = [a.strip() for a in value.split(",") if a.strip()]
+            continue
         preset.sets_model |= spelling.dest in ("model", "hf_repo", "model_url")
         preset.args += (_switch_args(spelling, key, value, name) if spelling.switch
                         else [spelling.flag, value])

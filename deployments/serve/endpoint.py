@@ -115,7 +115,7 @@ class IngressBase:
                 vocabs[path] = load_vocab(path)
             self.models.append(ModelEndpoint(model_args.handle(shaper), model_args.handle(replica),
                                              model_args, vocabs[path]))
-        self.by_name = {m.name: m for m in self.models}
+        self.by_name = {name: m for m in self.models for name in (*m.args.aliases, m.name)}
         self.api_keys = api_keys(args)
         self.started = time.time()
         self.router = self._router() if args.routed else None

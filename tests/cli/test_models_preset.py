@@ -100,13 +100,15 @@ top-k = 3
     ("[m]\nn-predict = 3\n", "preset 'm' names no model file"),
     ("[m]\nmodel = X\nmetrics = maybe\n", "invalid boolean value"),
     ("[m]\nmodel = X\nnuma = distribute\n", "--numa: MLX places its memory itself"),
-    ("[m]\nmodel = X\nalias = other\n", "a model's other names are not served yet"),
+    ("[m]\nmodel = X\nalias = n\n[n]\nmodel = X\n",
+     "alias 'n' for model 'm' conflicts with existing model name or alias"),
+    ("[*]\nalias = all\n[m]\nmodel = X\n", "alias 'all' would name every model"),
     ("[a]\nmodel = X\nload-on-startup = 1\n[b]\nmodel = X\nload-on-startup = on\n",
      r"number of models to load on startup \(2\) exceeds models_max \(1\)"),
 ])
 def test_a_preset_that_cannot_serve_is_refused(tmp_path, text, message):
     ini = write(tmp_path / "p.ini", text.replace("= X", f"= {MODEL}"))
-    with pytest.raises(Refused, match=message):
+    with pytest.raises((Refused, ValueError), match=message):  # ValueError: GraphArgs' own
         router_args(["--models-preset", ini, "--models-max", "1"])
 
 
@@ -127,7 +129,7 @@ def served(serve_instance: int, tmp_path_factory: pytest.TempPathFactory):
     (root / "models").mkdir()
     (root / "models" / "tiny-a").symlink_to(Path(MODEL).resolve(), target_is_directory=True)
     ini = write(root / "p.ini", f"[*]\nn-predict = 2\n[tiny-a]\nn-predict = 3\n"
-                f"[custom]\nmodel = {MODEL}\nload-on-startup = true\n")
+                f"[custom]\nmodel = {MODEL}\nload-on-startup = true\nalias = c2, c1\n")
     args = router_args(["--models-dir", str(root / "models"), "--models-preset", ini, "-c", "512",
                         "-np", "1", "--temp", "0"])
     cpu = {"ray_actor_options": {"num_cpus": 0.25}}
@@ -147,6 +149,12 @@ def test_a_preset_model_loads_at_start_and_each_answers_with_its_settings(served
     assert status["tiny-a"] == "unloaded"
     sources = {m["id"]: m["source"] for m in served.get("/models").json()["data"]}
     assert sources == {"custom": "preset", "tiny-a": "preset"}
+    aliases = {m["id"]: m["aliases"] for m in served.get("/models").json()["data"]}
+    assert aliases == {"custom": ["c1", "c2"], "tiny-a": []}
+    by_alias = served.post("/completion", json={"prompt": "def f():", "model": "c1"})
+    assert by_alias.status_code == 200 and by_alias.json()["tokens_predicted"] == 2
+    assert served.post("/models/load", json={"model": "c2"}).json()["error"]["message"] == (
+        "model is already running")
     for name, n in (("custom", 2), ("tiny-a", 3)):
         answer = served.post("/completion", json={"prompt": "def f():", "model": name,
                                                   "ignore_eos": True})

@@ -29,7 +29,8 @@ async def _named(ingress: IngressBase, request: Request) -> tuple[ModelRouter, s
     router = _router(ingress)
     body = await read_object(request, ingress.args.max_body_bytes)
     name = body.get("model")
-    return router, name if isinstance(name, str) else ""
+    model = ingress.by_name.get(name) if isinstance(name, str) else None  # an alias: its model
+    return router, model.name if model else (name if isinstance(name, str) else "")
 
 
 async def load(ingress: IngressBase, request: Request) -> Response:
