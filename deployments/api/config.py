@@ -241,6 +241,8 @@ class GraphArgs(BaseModel):
                           "models_dir")
     aliases: tuple[str, ...] = Field((), description="router mode: other names the model answers "
                                      "to (a preset's alias, comma-separated)")
+    tags: tuple[str, ...] = Field((), description="the model's tags (llama-server --tags): GET "
+                                  "/models shows them, nothing routes by them")
     load_on_startup: bool = Field(False, description="router mode: load this model when the "
                                   "application starts (a preset's load-on-startup)")
     model_source: Literal["models_dir", "preset"] = Field(

@@ -15,8 +15,9 @@ def oai_entry(args: GraphArgs, info: dict, created: int, name: str) -> dict:
     """A model's entry, or one of its adapters' (the model's figures, no aliases)."""
     return {
         "id": name,
-        "aliases": [args.alias] if args.alias and name == args.model_name else [],
-        "tags": [],
+        "aliases": sorted({args.alias, *args.aliases}) if args.alias and name == args.model_name
+        else [],
+        "tags": sorted(args.tags) if name == args.model_name else [],
         "object": "model",
         "created": created,
         "owned_by": "llamacpp",
@@ -38,7 +39,7 @@ def router_entry(args: GraphArgs, state: ModelState, created: int) -> dict[str, 
     entry: dict[str, Any] = {
         "id": state.name,
         "aliases": sorted({*args.aliases, *([args.alias] if args.alias else [])} - {state.name}),
-        "tags": [],
+        "tags": sorted(args.tags),
         "object": "model",
         "owned_by": "llamacpp",
         "created": created,

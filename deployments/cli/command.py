@@ -88,7 +88,11 @@ HONORED: tuple[Option, ...] = (
            "prefill chunk in tokens (default 2048)"),
     Option(("-n", "--predict", "--n-predict"), "n_predict", "LLAMA_ARG_N_PREDICT", int,
            "default token limit (-1: none)"),
-    Option(("-a", "--alias"), "alias", "LLAMA_ARG_ALIAS", help="model name in responses"),
+    Option(("-a", "--alias"), "alias", "LLAMA_ARG_ALIAS",
+           help="model name in responses; several, comma-separated: the model answers to each, "
+                "the first in sorted order its name"),
+    Option(("--tags",), "tags", "LLAMA_ARG_TAGS",
+           help="model tags, comma-separated (GET /models' tags; not used for routing)"),
     Option(("--api-key",), "api_key", "LLAMA_API_KEY",
            help="required API key (several: comma-separated)"),
     Option(("--api-key-file",), "api_key_file",
@@ -129,9 +133,9 @@ HONORED: tuple[Option, ...] = (
     Option(("--context-shift",), "context_shift", "LLAMA_ARG_CONTEXT_SHIFT", None,
            "context shift: always off", negative=("--no-context-shift",), only=False,
            reason="context shift needs KV shifting, which MLX KV caches do not have"),
-    Option(("--webui",), "webui", "LLAMA_ARG_WEBUI", None,
+    Option(("--ui", "--webui"), "webui", "LLAMA_ARG_WEBUI", None,
            "the web page at / (chat and the graph's status; default on)",
-           negative=("--no-webui",)),
+           negative=("--no-ui", "--no-webui")),
     *cli_lora.options(Option),
     *cli_template.options(Option),
     *cli_sampling.options(Option),
@@ -239,7 +243,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "metrics": bool(ns.metrics), "props": bool(ns.props),
                               "spm_infill": bool(ns.spm_infill), "batch_size": ns.batch_size,
                               "slots": ns.slots is not False, "cache_prompt": ns.cache_prompt
-                              is not False, "alias": ns.alias, "api_key": ns.api_key,
+                              is not False, **names(ns.alias, ns.tags), "api_key": ns.api_key,
                               "api_key_file": cli_runtime.api_key_file(ns),
                               "embeddings": bool(ns.embeddings),
                               "slot_save_path": ns.slot_save_path,
@@ -286,7 +290,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
 
 # an application's settings, never one router-mode model's
 NOT_PER_MODEL = {*APP_WIDE, "models", "models_dir", "models_preset", "models_max",
-                 "models_autoload", "alias"}
+                 "models_autoload", "alias", "aliases"}
 
 
 def _router_entry(ns: argparse.Namespace, head: list[str]) -> dict[str, Any]:
@@ -299,6 +303,19 @@ def _router_entry(ns: argparse.Namespace, head: list[str]) -> dict[str, Any]:
     entry = {k: v for k, v in graph.model_dump(exclude_defaults=True).items()
              if k not in NOT_PER_MODEL}
     return {**entry, "model": graph.model, "n_ctx": graph.n_ctx}
+
+
+def names(alias: str | None, tags: str | None) -> dict[str, Any]:
+    """-a's names (the reference keeps them in a sorted set: the first is the model's name, the
+    others its aliases) and --tags'."""
+    split = lambda text: sorted({p.strip() for p in (text or "").split(",") if p.strip()})  # noqa: E731
+    aliases = split(alias)
+    out: dict[str, Any] = {"alias": aliases[0] if aliases else None}
+    if aliases[1:]:
+        out["aliases"] = tuple(aliases[1:])
+    if split(tags):
+        out["tags"] = tuple(split(tags))
+    return out
 
 
 def preset_keys() -> dict[str, preset.Spelling]:

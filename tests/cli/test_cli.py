@@ -106,7 +106,26 @@ def test_webui_switch():
     assert webui(["--no-webui"]) is False
     assert webui([], {"LLAMA_ARG_WEBUI": "0"}) is False
     assert webui(["--webui"], {"LLAMA_ARG_WEBUI": "0"}) is True
+    assert webui(["--no-ui"]) is False and webui(["--ui"], {"LLAMA_ARG_WEBUI": "0"}) is True
     assert app_args(config_of(["--no-webui"]))["webui"] is False
+
+
+def test_comma_separated_aliases_and_tags_name_the_model():
+    """llama.cpp's test_server_model_aliases_and_tags: -a's names sorted, the first the model's
+    id, all of them its aliases, and --tags, as GET /models lists them (a request by an alias:
+    tests/cli/test_models_preset.py)."""
+    from deployments.api.model_entries import oai_entry
+
+    graph = cli.graph_args(cli.parse(["-a", "tinyllama-2, fim,code", "--tags", "chat,fim,small"],
+                                     {}))
+    assert (graph.model_name, graph.aliases, graph.tags) == (
+        "code", ("fim", "tinyllama-2"), ("chat", "fim", "small"))
+    info = {"n_vocab": 1, "n_ctx_train": 1, "n_embd": 1, "n_params": 1, "size": 1, "ftype": ""}
+    entry = oai_entry(graph, info, 0, graph.model_name)
+    assert (entry["id"], entry["aliases"], entry["tags"]) == (
+        "code", ["code", "fim", "tinyllama-2"], ["chat", "fim", "small"])
+    assert cli.graph_args(cli.parse(["--tags", "x"], {"LLAMA_ARG_TAGS": "y"})).tags == ("x",)
+    assert cli.graph_args(cli.parse([], {"LLAMA_ARG_ALIAS": "b,a"})).model_name == "a"
 
 
 def test_reasoning_flags_and_the_values_the_reference_refuses():
