@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.api import cors
 from deployments.api.chat_template import CHATML
 from deployments.api.defaults import check_sampling
 from deployments.api.field_parsers import REASONING_FORMATS
@@ -43,7 +44,7 @@ MAX_INTERVAL_MS = 50.0
 # Settings of the whole application (the ingress's), never of one model: a ``models`` entry
 # may not set them, as llama-server's router keeps its API key from its model presets.
 APP_WIDE = ("api_key", "api_key_file", "max_body_bytes", "webui", "static_path", "predict_route",
-            "health_route")
+            "health_route", "cors_origins", "cors_methods", "cors_headers", "cors_credentials")
 # Calls other than generation (readiness, model info, slots) that must get through a full queue.
 CONTROL_HEADROOM = 16
 
@@ -232,6 +233,15 @@ class GraphArgs(BaseModel):
     shard_mode: Literal["pipeline", "tensor"] = Field(
         "pipeline", description="how a sharded model is split: pipeline (whole layers per rank, "
                                 "llama-server -sm layer) or tensor (every layer's heads, -sm row)")
+    cors_origins: str = Field(cors.DEFAULT_ORIGINS, description="llama-server --cors-origins: "
+                              "allowed origins (* echoes the request's Origin while credentials "
+                              "are allowed; localhost echoes a loopback origin only)")
+    cors_methods: str = Field(cors.DEFAULT_METHODS, description="--cors-methods: a preflight's "
+                              "Access-Control-Allow-Methods")
+    cors_headers: str = Field(cors.DEFAULT_HEADERS, description="--cors-headers: a preflight's "
+                              "Access-Control-Allow-Headers")
+    cors_credentials: bool = Field(True, description="--cors-credentials: a preflight's "
+                                   "Access-Control-Allow-Credentials")
     models_dir: str | None = Field(
         None, description="the folder `models` was found in (mlxray --models-dir, llama-server's "
                           "router mode): /models then answers as the reference's router")

@@ -55,6 +55,7 @@ from engine import device_choice
 from engine.gguf import is_gguf
 
 SEED_RANDOM = 0xFFFFFFFF
+CORS_DESTS = ("cors_origins", "cors_methods", "cors_headers", "cors_credentials")
 APP_NAME = "mlxray"
 AUTO_PARALLEL = 4  # llama-server's -np -1 (its default)
 
@@ -133,6 +134,16 @@ HONORED: tuple[Option, ...] = (
     Option(("--context-shift",), "context_shift", "LLAMA_ARG_CONTEXT_SHIFT", None,
            "context shift: always off", negative=("--no-context-shift",), only=False,
            reason="context shift needs KV shifting, which MLX KV caches do not have"),
+    Option(("--cors-origins",), "cors_origins", "LLAMA_ARG_CORS_ORIGINS",
+           help="allowed CORS origins (default *: the request's Origin echoed; localhost: only a "
+                "loopback Origin echoed; else sent as given)"),
+    Option(("--cors-methods",), "cors_methods", "LLAMA_ARG_CORS_METHODS",
+           help="a preflight's Access-Control-Allow-Methods (default GET, POST, DELETE, OPTIONS)"),
+    Option(("--cors-headers",), "cors_headers", "LLAMA_ARG_CORS_HEADERS",
+           help="a preflight's Access-Control-Allow-Headers (default *)"),
+    Option(("--cors-credentials",), "cors_credentials", "LLAMA_ARG_CORS_CREDENTIALS", None,
+           "a preflight's Access-Control-Allow-Credentials (default on)",
+           negative=("--no-cors-credentials",)),
     Option(("--ui", "--webui"), "webui", "LLAMA_ARG_WEBUI", None,
            "the web page at / (chat and the graph's status; default on)",
            negative=("--no-ui", "--no-webui")),
@@ -248,6 +259,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
                               "embeddings": bool(ns.embeddings),
                               "slot_save_path": ns.slot_save_path,
                               "webui": ns.webui is not False}
+    fields.update({k: getattr(ns, k) for k in CORS_DESTS if getattr(ns, k) is not None})
     if ns.pooling is not None:
         fields["pooling"] = ns.pooling
     if ns.reasoning_format is not None:

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.api.cors import CorsPolicy
 from deployments.api.errors import ApiError, invalid
 from deployments.api.shapes import dumps, sse
 from deployments.serve.failures import from_failure
@@ -188,33 +189,39 @@ async def read_object(request: Request, limit: int) -> dict:
 
 
 class CorsMiddleware:
-    """llama-server's CORS: every answer echoes the request's Origin; an OPTIONS preflight is a
-    blank 200 before any guard (browsers send no Authorization header with it)."""
+    """llama-server's CORS (deployments/api/cors.py, --cors-*): every answer carries the
+    Allow-Origin the policy gives; an OPTIONS preflight is a blank 200 before any guard (browsers
+    send no Authorization header with it). The policy is the application's, set by its ingress
+    (``use``): one per process, as Serve runs one ingress replica per process."""
+
+    policy = CorsPolicy()
 
     def __init__(self, inner):
         self.inner = inner
+
+    @classmethod
+    def use(cls, policy: CorsPolicy) -> None:
+        cls.policy = policy
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         origin = headers.get(b"origin", b"")
+        policy = self.policy
         if scope["method"] == "OPTIONS":
             await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"access-control-allow-origin", origin),
-                (b"access-control-allow-credentials", b"true"),
-                (b"access-control-allow-methods", b"GET, POST"),
-                (b"access-control-allow-headers", b"*"),
+                *policy.answer_headers(origin, preflight=True),
                 (b"content-type", b"text/html"),
                 (b"content-length", b"0"),
             ]})
             await send({"type": "http.response.body", "body": b""})
             return None
+        allow = policy.answer_headers(origin, preflight=False)
 
         async def send_with_origin(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [
-                    *message.get("headers", []), (b"access-control-allow-origin", origin)]}
+                message = {**message, "headers": [*message.get("headers", []), *allow]}
             await send(message)
 
         return await self.inner(scope, receive, send_with_origin)

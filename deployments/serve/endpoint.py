@@ -20,12 +20,14 @@ from deployments.api import router_models
 from deployments.api.adapters import AdapterTable
 from deployments.api.chat_template import ChatTemplate
 from deployments.api.config import GraphArgs
+from deployments.api.cors import CorsPolicy
 from deployments.api.defaults import server_defaults
 from deployments.api.errors import ApiError, Refusal, invalid
 from deployments.api.model_entries import oai_entry
 from deployments.api.schema import CompletionParams, ParseContext
 from deployments.api.shapes import OaiContext
 from deployments.serve import channel, direct_ingress, replicas
+from deployments.serve.app import CorsMiddleware
 from deployments.serve.model_router import HELD, ModelRouter
 from deployments.serve.streams import coalesce, concat_bytes
 from engine.vocab import Vocab, load_vocab
@@ -106,6 +108,8 @@ class IngressBase:
                  board: DeploymentHandle | None = None):
         direct_ingress.reclaimable_port()
         self.args = args  # the application's: api_key, max_body_bytes, webui (and defaults)
+        CorsMiddleware.use(CorsPolicy(args.cors_origins, args.cors_methods, args.cors_headers,
+                                      args.cors_credentials))
         self.board = board  # deployments/serve/status.py: every replica's state, for /mlxray/status
         vocabs: dict[str, Vocab] = {}
         self.models: list[ModelEndpoint] = []

@@ -70,8 +70,8 @@ def test_manifest_is_valid():
     assert check.check() == []
     reference = [e for e in ENTRIES if e["kind"] in REFERENCE_KINDS]
     # options: 107, then --spec-type and its two ngram-simple sizes (#31), --sleep-idle-seconds,
-    # ..., --tags (the snapshot's option llama.cpp's test_basic.py passes)
-    assert len(reference) == sum(load_pin()["counts"].values()) == 53 + 74 + 115
+    # ..., --tags and the four --cors-* (the snapshot's options llama.cpp's tests pass)
+    assert len(reference) == sum(load_pin()["counts"].values()) == 53 + 74 + 119
 
 
 def test_shards_are_canonical():

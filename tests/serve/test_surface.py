@@ -292,11 +292,56 @@ def test_cors_and_options(locked, client):
     r = httpx.options(locked[0] + "/v1/chat/completions", headers={"Origin": "http://app"})
     assert r.status_code == 200 and r.content == b""
     assert r.headers["access-control-allow-origin"] == "http://app"
-    assert r.headers["access-control-allow-methods"] == "GET, POST"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
     assert r.headers["access-control-allow-headers"] == "*"
     assert r.headers["access-control-allow-credentials"] == "true"
     r = client.get("/health", headers={"Origin": "http://app"})
     assert r.headers["access-control-allow-origin"] == "http://app"
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "x"}
+
+
+def preflight(client: httpx.Client, origin: str) -> httpx.Response:
+    return client.options("/completions", headers={"Origin": origin, **PREFLIGHT})
+
+
+def test_cors_origins_localhost_reflects_only_loopback_origins():
+    """llama.cpp's test_cors_origins_localhost_reflects/_rejects, and the other --cors-* flags
+    (the graph in-process: the policy is the ingress's, whatever the transport)."""
+    from ..local_graph import local_graph
+
+    args = cli.graph_args(cli.parse(["--cors-origins", "localhost", "--cors-methods", "GET",
+                                     "--cors-headers", "Authorization",
+                                     "--no-cors-credentials"], {}))
+    assert (args.cors_origins, args.cors_methods, args.cors_headers, args.cors_credentials) == (
+        "localhost", "GET", "Authorization", False)
+    settings = {k: getattr(args, k) for k in cli.CORS_DESTS}
+    with local_graph({"n_parallel": 1, "n_ctx": 256, **settings}) as client:
+        for origin in ("http://localhost", "http://localhost:8080", "http://127.0.0.1",
+                       "http://127.0.0.1:3000", "http://[::1]", "http://[::1]:3000"):
+            r = preflight(client, origin)
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+        for origin in ("http://web.mydomain.fr", "http://evil.com", "http://notlocalhost",
+                       "http://localhost.evil.com"):
+            r = preflight(client, origin)
+            assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+            assert "access-control-allow-origin" not in client.get(
+                "/health", headers={"Origin": origin}).headers
+        r = preflight(client, "http://localhost")
+        assert (r.headers["access-control-allow-methods"], r.headers[
+            "access-control-allow-headers"], r.headers["access-control-allow-credentials"]) == (
+            "GET", "Authorization", "false")
+    try:
+        with local_graph({"n_parallel": 1, "n_ctx": 256, "cors_origins": "https://app.example"}
+                         ) as client:  # any other value is sent as given
+            r = client.get("/health", headers={"Origin": "http://evil.com"})
+            assert r.headers["access-control-allow-origin"] == "https://app.example"
+    finally:  # the policy is the process's (one ingress each under Serve): the default again
+        from deployments.api.cors import CorsPolicy
+        from deployments.serve.app import CorsMiddleware
+
+        CorsMiddleware.use(CorsPolicy())
 
 
 # ---- routes mlxray does not serve ----------------------------------------------------------
