@@ -281,7 +281,7 @@ def graph_args(ns: argparse.Namespace) -> GraphArgs:
     if sampling:
         fields["sampling"] = sampling
     router = cli_models_dir.models_fields(ns, lambda head: _router_entry(ns, head),
-                                          preset_keys())
+                                          preset_keys)
     if router:  # each model's own settings, -c's split made per model
         return GraphArgs.model_validate({**fields, **router})
     # --dump-config with -mu: the file is not downloaded, its path is shown all the same
@@ -321,12 +321,12 @@ def names(alias: str | None, tags: str | None) -> dict[str, Any]:
     """-a's names (the reference keeps them in a sorted set: the first is the model's name, the
     others its aliases) and --tags'."""
     split = lambda text: sorted({p.strip() for p in (text or "").split(",") if p.strip()})  # noqa: E731
-    aliases = split(alias)
+    aliases, labels = split(alias), split(tags)
     out: dict[str, Any] = {"alias": aliases[0] if aliases else None}
     if aliases[1:]:
         out["aliases"] = tuple(aliases[1:])
-    if split(tags):
-        out["tags"] = tuple(split(tags))
+    if labels:
+        out["tags"] = tuple(labels)
     return out
 
 

@@ -78,11 +78,11 @@ def without_router_flags(argv: list[str]) -> list[str]:
 
 
 def models_fields(ns: argparse.Namespace, entry: Callable[[list[str]], dict[str, Any]],
-                  keys: Mapping[str, preset.Spelling]) -> dict[str, Any]:
+                  keys: Callable[[], Mapping[str, preset.Spelling]]) -> dict[str, Any]:
     """The graph's ``model`` and ``models`` in router mode (none without it): every model of
     --models-dir and of --models-preset, by name. ``entry(head)`` is one model's ``models``
     entry, its arguments ``head`` (its file, then the preset's [*] and its own section)
-    followed by the command line's."""
+    followed by the command line's; ``keys()`` the keys a preset may use (read with one)."""
     if not routed(ns):
         return {}
     if ns.model or ns.hf_repo or ns.model_url:
@@ -92,7 +92,7 @@ def models_fields(ns: argparse.Namespace, entry: Callable[[list[str]], dict[str,
         found = dict(find_models(ns.models_dir)) if ns.models_dir else {}
     except ValueError as exc:
         raise Refused(str(exc)) from None
-    shared, sections = (preset.load(ns.models_preset, keys) if ns.models_preset
+    shared, sections = (preset.load(ns.models_preset, keys()) if ns.models_preset
                         else (preset.Preset(preset.GLOBAL_SECTION), {}))
     if shared.aliases:  # the reference refuses it too: every model would have that name
         raise Refused(f"preset '*': alias '{shared.aliases[0]}' would name every model")

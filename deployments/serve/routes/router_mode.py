@@ -29,8 +29,10 @@ async def _named(ingress: IngressBase, request: Request) -> tuple[ModelRouter, s
     router = _router(ingress)
     body = await read_object(request, ingress.args.max_body_bytes)
     name = body.get("model")
-    model = ingress.by_name.get(name) if isinstance(name, str) else None  # an alias: its model
-    return router, model.name if model else (name if isinstance(name, str) else "")
+    if not isinstance(name, str):
+        return router, ""
+    model = ingress.by_name.get(name)  # a model's name or alias: the model's name
+    return router, model.name if model else name
 
 
 async def load(ingress: IngressBase, request: Request) -> Response:
